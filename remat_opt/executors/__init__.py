@@ -1,0 +1,1 @@
+"""Thunder operator executors shipped with remat-opt."""

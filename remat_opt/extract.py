@@ -1,0 +1,344 @@
+"""Thunder traces -> `JointGraph`: the only module that walks Thunder traces.
+
+`GraphCapture` is a Thunder transform whose pre-prologue hook (the point where `CostRemat` will
+plan) runs, on an **isolated copy** of the computation trace, what Thunder itself does next:
+`dce`, autodiff (`grad_transform_on_trace`), the executors' passes (`transform_for_execution`,
+including Thunder's own fusion-pair rematerialization) and `split_into_forward_and_backward`.
+The real compilation is left untouched: bound symbols are copied recursively with fresh tag sets,
+the names set is copied, and every proxy's tags are restored afterwards.
+
+Saved tensors are mapped back to the pre-autodiff proxies that a `RECOMPUTE_IN_BACKWARD` tag would
+have to go on through *origin markers*: before the dry run every pre-autodiff proxy and bound symbol
+gets a marker in its tags; Thunder carries proxy tags over to replacement proxies and bound-symbol
+tags over to decompositions and grad-rule outputs, so each saved tensor still names its origin.
+
+Storage identity (which tensors alias which memory) is found by running every op of the final
+traces on the meta device, where torch decides exactly as on a real device whether an op returns a
+view (`reshape` of a non-contiguous tensor copies, of a contiguous one does not). Fusion regions,
+which cannot run on meta, are taken to allocate fresh outputs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from remat_opt import _compat  # noqa: F401  (before thunder)
+
+warnings.filterwarnings("ignore", message="transformer_engine module not found")
+
+import thunder  # noqa: E402
+import torch  # noqa: E402
+from thunder.common import transform_for_execution  # noqa: E402
+from thunder.core import prims  # noqa: E402
+from thunder.core.proxies import Proxy, TensorProxy  # noqa: E402
+from thunder.core.pytree import tree_iter  # noqa: E402
+from thunder.core.symbol import BoundSymbol  # noqa: E402
+from thunder.core.trace import TraceCtx, from_trace  # noqa: E402
+from thunder.core.transform_common import Transform, dce  # noqa: E402
+
+from remat_opt import graph as g  # noqa: E402
+from remat_opt.storage import StorageTracker  # noqa: E402
+
+# Bound symbols that only move values between Python containers; they are not ops of the graph.
+STRUCTURAL_SYMBOLS = frozenset(
+    {
+        "unpack_trivial",
+        "unpack_sequence",
+        "unpack_key",
+        "unpack_attr",
+        "python_return",
+        "python_del",
+        "del",
+        "clear_mutable_collection",
+        "comment",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    """Marker carried in tags: which pre-autodiff bound symbol (or proxy) a value came from.
+
+    Identity-hashed, so markers never collide with Thunder's own tags.
+    """
+
+    proxy_name: str | None  # the pre-autodiff proxy (None on a bound-symbol marker)
+    symbol: str
+    depth: int  # 0 for top-level bound symbols, 1 for their subsymbols, ...
+    primal_outputs: tuple[str, ...]
+    is_random: bool
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
+
+
+class _CaptureDone(Exception):
+    """Raised by `GraphCapture(stop=True)` to end a compilation once the graph is captured."""
+
+
+def _is_random(bsym: BoundSymbol) -> bool:
+    tags = bsym.sym.tags or ()
+    return prims.OpTags.RANDOM_OP in tags or any(_is_random(s) for s in bsym.subsymbols)
+
+
+def _tensor_outs(bsym: BoundSymbol) -> list[TensorProxy]:
+    return [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
+
+
+def _copy_marked(bsym: BoundSymbol, depth: int) -> BoundSymbol:
+    """Copies `bsym` recursively with fresh tag sets and adds origin markers to the copy."""
+    subsymbols = [_copy_marked(s, depth + 1) for s in bsym.subsymbols]
+    copy = bsym.from_bsym(subsymbols=subsymbols, tags=set(bsym.tags))
+    arg_names = {a.name for a in bsym.flat_proxy_args}
+    outs = tuple(o.name for o in _tensor_outs(bsym) if o.name not in arg_names)
+    random = _is_random(bsym)
+    copy.tags.add(_Origin(None, bsym.sym.name, depth, outs, random))
+    for o in _tensor_outs(bsym):
+        if o.name not in arg_names:
+            o.tags.add(_Origin(o.name, bsym.sym.name, depth, outs, random))
+    return copy
+
+
+def _all_proxies(trace: TraceCtx) -> dict[int, Proxy]:
+    found: dict[int, Proxy] = {}
+
+    def visit(bsyms):
+        for bsym in bsyms:
+            for p in (*bsym.flat_proxy_args, *bsym.flat_proxy_outs):
+                found[id(p)] = p
+            visit(bsym.subsymbols)
+
+    visit(trace.bound_symbols)
+    return found
+
+
+def dry_run(computation_trace: TraceCtx, executors_list) -> tuple[TraceCtx, TraceCtx]:
+    """Runs autodiff, the executors' passes and the split on an isolated, marked copy.
+
+    Must be called inside a Thunder compilation (a pre-prologue hook): executor grad rules are
+    looked up through the compile context.
+
+    Returns:
+        The final forward and backward traces (before `del` insertion), with origin markers.
+    """
+    from thunder.transforms.autodiff import grad_transform_on_trace, split_into_forward_and_backward
+
+    proxies = _all_proxies(computation_trace)
+    saved_tags = {key: set(p.tags) for key, p in proxies.items()}
+    try:
+        trace = from_trace(computation_trace)
+        trace.names = set(computation_trace.names)
+        trace.bound_symbols = [_copy_marked(b, 0) for b in computation_trace.bound_symbols]
+        trace = dce(trace)
+        trace = grad_transform_on_trace(trace)
+        trace = transform_for_execution(trace, executors_list=executors_list, use_del_last_used=False)[-1]
+        return split_into_forward_and_backward(trace)
+    finally:
+        for key, p in proxies.items():
+            p.tags.clear()
+            p.tags.update(saved_tags[key])
+
+
+def _markers(tags) -> list[_Origin]:
+    return [t for t in tags if isinstance(t, _Origin)]
+
+
+def _attrs(bsym: BoundSymbol) -> tuple[tuple[str, object], ...]:
+    """Non-tensor arguments, kept when they are plain values (numbers, bools, strings, dtypes)."""
+    pairs = [(f"arg{i}", a) for i, a in enumerate(bsym.args)] + list(bsym.kwargs.items())
+    kept = []
+    for key, value in pairs:
+        if isinstance(value, Proxy) and not isinstance(value, TensorProxy):
+            value = getattr(value, "value", None)
+        if isinstance(value, (bool, int, float, str)) or value is None:
+            kept.append((key, value))
+        elif isinstance(value, (tuple, list)) and all(isinstance(v, (bool, int, float)) for v in value):
+            kept.append((key, tuple(value)))
+        elif type(value).__name__ in {"dtype", "floating", "bfloat16_", "float32_"} or "dtypes" in type(
+            value
+        ).__module__:
+            kept.append((key, str(value)))
+    return tuple(kept)
+
+
+def _op_tags(bsym: BoundSymbol) -> frozenset[str]:
+    tags = set()
+    sym_tags = bsym.sym.tags or ()
+    if _is_random(bsym):
+        tags.add("random")
+    if prims.OpTags.DONT_RECOMPUTE_IN_BACKWARD in sym_tags:
+        tags.add("dont_recompute")
+    if prims.OpTags.MATMUL_OP in sym_tags:
+        tags.add("matmul")
+    if bsym.sym.is_fusion:
+        tags.add("fusion")
+    return frozenset(tags)
+
+
+def _op_node(bsym: BoundSymbol, name: str, is_backward: bool, index: int, members=()) -> g.OpNode:
+    return g.OpNode(
+        name=name,
+        symbol=bsym.sym.name,
+        is_backward=is_backward,
+        index=index,
+        inputs=tuple(p.name for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)),
+        outputs=tuple(p.name for p in _tensor_outs(bsym)),
+        attrs=_attrs(bsym),
+        members=tuple(members),
+        op_tags=_op_tags(bsym),
+    )
+
+
+def _fusion_members(bsym: BoundSymbol, prefix: str, is_backward: bool) -> list[g.OpNode]:
+    return [_op_node(s, f"{prefix}.{i}", is_backward, i) for i, s in enumerate(bsym.subsymbols)]
+
+
+def _graph_ops(trace: TraceCtx, is_backward: bool) -> list[tuple[BoundSymbol, g.OpNode]]:
+    ops = []
+    for bsym in trace.bound_symbols:
+        if bsym.sym.name in STRUCTURAL_SYMBOLS:
+            continue
+        name = f"{'bwd' if is_backward else 'fwd'}{len(ops)}"
+        members = _fusion_members(bsym, name, is_backward) if bsym.sym.is_fusion else ()
+        ops.append((bsym, _op_node(bsym, name, is_backward, len(ops), members)))
+    return ops
+
+
+def _saved_proxies(forward_trace: TraceCtx) -> list[TensorProxy]:
+    return_bsym = forward_trace.bound_symbols[-1]
+    saved_tensors = return_bsym.args[1][0]
+    return [p for p in saved_tensors if isinstance(p, TensorProxy)]
+
+
+def _forward_outputs(forward_trace: TraceCtx) -> list[TensorProxy]:
+    out = forward_trace.bound_symbols[-1].args[0]["output"]
+    return [p for p in tree_iter(out) if isinstance(p, TensorProxy)]
+
+
+def _classify_saved(
+    proxy: TensorProxy, producer: BoundSymbol | None, input_names: set[str], output_names: set[str]
+) -> g.SavedTensor:
+    """Finds the tag target of a saved tensor, or why there is none."""
+    if proxy.name in input_names:
+        return g.SavedTensor(proxy.name, None, None, False, g.REASON_INPUT)
+    proxy_marks = sorted(_markers(proxy.tags), key=lambda m: m.depth)
+    if proxy_marks:
+        origin, target = proxy_marks[0], proxy_marks[0].proxy_name
+        reason = "activation"
+    else:
+        bsym_marks = sorted(_markers(producer.tags), key=lambda m: -m.depth) if producer else []
+        if not bsym_marks or not bsym_marks[0].primal_outputs:
+            return g.SavedTensor(proxy.name, None, None, False, g.REASON_NO_ORIGIN)
+        origin, target = bsym_marks[0], bsym_marks[0].primal_outputs[0]
+        reason = g.REASON_AUXILIARY
+    if any(m.is_random for m in proxy_marks) or origin.is_random:
+        return g.SavedTensor(proxy.name, target, origin.symbol, False, g.REASON_RANDOM)
+    if proxy.name in output_names:
+        return g.SavedTensor(proxy.name, target, origin.symbol, False, g.REASON_FORWARD_OUTPUT)
+    return g.SavedTensor(proxy.name, target, origin.symbol, True, reason)
+
+
+def build_joint_graph(
+    forward_trace: TraceCtx, backward_trace: TraceCtx, executors: tuple[str, ...] = ()
+) -> g.JointGraph:
+    """Builds the pure data model from the final forward and backward traces of `dry_run`."""
+    fwd_ops = _graph_ops(forward_trace, is_backward=False)
+    bwd_ops = _graph_ops(backward_trace, is_backward=True)
+    input_proxies = [p for p in forward_trace.args if isinstance(p, TensorProxy)]
+    input_names = {p.name for p in input_proxies}
+    saved = _saved_proxies(forward_trace)
+    outputs = _forward_outputs(forward_trace)
+    output_names = {p.name for p in outputs}
+
+    tracker = StorageTracker()
+    for p in input_proxies:
+        tracker.add_input(p, kind="input")
+    for bsym, _ in fwd_ops:
+        tracker.run(bsym, kind="forward")
+    for p in _cotangents(backward_trace):
+        tracker.add_input(p, kind="cotangent")
+    for bsym, _ in bwd_ops:
+        tracker.run(bsym, kind="backward")
+
+    producer_bsyms = {p.name: bsym for bsym, _ in fwd_ops for p in _tensor_outs(bsym)}
+    saved_nodes = tuple(
+        _classify_saved(p, producer_bsyms.get(p.name), input_names, output_names) for p in saved
+    )
+    return g.JointGraph(
+        ops=tuple(op for _, op in fwd_ops + bwd_ops),
+        tensors=tracker.tensor_nodes(),
+        saved=saved_nodes,
+        input_names=tuple(p.name for p in input_proxies),
+        forward_output_names=tuple(p.name for p in outputs),
+        executors=executors,
+        notes=tuple(tracker.notes),
+    )
+
+
+def _cotangents(backward_trace: TraceCtx) -> list[TensorProxy]:
+    """The incoming gradients: tensors the backward unpacks from its `cotangents` argument."""
+    found = []
+    for bsym in backward_trace.bound_symbols:
+        if bsym.sym.name == "unpack_sequence" and bsym.args and getattr(bsym.args[0], "name", "") == "cotangents":
+            found.extend(o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy))
+    return found
+
+
+class GraphCapture(Transform):
+    """Captures the `JointGraph` of each compilation in the pre-prologue hook.
+
+    Args:
+        stop: end the compilation once the graph is captured (used by `analyze`, which never runs
+            the model). With False the compilation proceeds, unchanged.
+    """
+
+    def __init__(self, *, stop: bool = False):
+        self.stop = stop
+        self.graph: g.JointGraph | None = None
+        self.forward_trace: TraceCtx | None = None
+        self.backward_trace: TraceCtx | None = None
+
+    def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
+        executors_list = kwargs.get("executors_list") or thunder.get_default_executors()
+        self.forward_trace, self.backward_trace = dry_run(computation_trace, executors_list)
+        if self.backward_trace is None:
+            raise ValueError("no backward: no input or parameter requires grad, nothing is saved for backward")
+        names = tuple(ex.name for ex in executors_list)
+        self.graph = build_joint_graph(self.forward_trace, self.backward_trace, names)
+        if self.stop:
+            raise _CaptureDone
+        return prologue_trace, computation_trace, epilogue_trace
+
+
+def analyze(fn, *example_inputs, executors=None, **example_kwargs) -> g.JointGraph:
+    """The joint forward-backward graph of `fn` as Thunder would compile it, without running it.
+
+    Works with inputs and parameters on ``torch.device("meta")``.
+
+    Args:
+        fn: a ``torch.nn.Module`` or a function of tensors.
+        *example_inputs: inputs as the step will see them (at least one input or parameter must
+            require grad).
+        executors: Thunder executors, in priority order (Thunder's defaults when None).
+        **example_kwargs: keyword inputs.
+
+    Returns:
+        The `JointGraph`.
+    """
+    capture = GraphCapture(stop=True)
+    jitted = thunder.jit(fn, transforms=[capture], executors=executors)
+    try:
+        jitted(*example_inputs, **example_kwargs)
+    except _CaptureDone:
+        return capture.graph
+    except Exception as e:  # the model's own failure, reported in one line
+        raise ModelTraceError(f"tracing {_describe(fn)} failed: {type(e).__name__}: {e}") from e
+    raise RuntimeError("the compilation finished without reaching the capture hook")
+
+
+class ModelTraceError(RuntimeError):
+    """The model could not be traced by Thunder (its forward raised, or inputs were invalid)."""
+
+
+def _describe(fn) -> str:
+    return type(fn).__name__ if isinstance(fn, torch.nn.Module) else getattr(fn, "__name__", repr(fn))

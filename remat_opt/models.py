@@ -1,0 +1,146 @@
+"""Models by name for the CLI, the notebook and the tests: litgpt configs or `module:factory`.
+
+`ModelSpec` says what to build; `build_model(spec)` returns `(model, example_inputs)` ready for
+`remat_opt.analyze` or a training step. On ``device="meta"`` nothing is allocated, so 7B-scale
+configs can be planned on any machine.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass, replace
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelSpecError(ValueError):
+    """The model named on the command line (or in a spec) cannot be built; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What to build.
+
+    Attributes:
+        name: a litgpt config name (``"Llama-2-7b-hf"``) or ``"package.module:factory"``; a factory
+            takes no required arguments and returns ``(model, example_inputs_tuple)``.
+        n_layer: override the number of layers (litgpt only).
+        seq: sequence length of the example input (litgpt only; default: 128 capped by the config).
+        batch: micro-batch size (litgpt only).
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        device: ``"meta"`` (no memory), ``"cpu"`` or ``"cuda"``.
+        tiny: shrink a litgpt config to a few-thousand-parameter model of the same family (width
+            64, 4 heads, vocab 256), keeping its norm, MLP, attention layout and GQA ratio.
+    """
+
+    name: str
+    n_layer: int | None = None
+    seq: int | None = None
+    batch: int = 1
+    dtype: str = "float32"
+    device: str = "meta"
+    tiny: bool = False
+
+
+def tiny_overrides(config) -> dict:
+    """Overrides that shrink a litgpt config while keeping its family's structure."""
+    n_head = 4
+    if config.n_query_groups == 1:
+        groups = 1
+    elif config.n_query_groups < config.n_head:
+        groups = 2
+    else:
+        groups = n_head
+    return dict(
+        n_embd=64,
+        n_head=n_head,
+        n_query_groups=groups,
+        head_size=16,
+        intermediate_size=128,
+        padded_vocab_size=256,
+        vocab_size=256,
+    )
+
+
+def litgpt_config(spec: ModelSpec):
+    """The litgpt `Config` for `spec`, with a clear error for an unknown name."""
+    from litgpt import Config
+    from litgpt.config import name_to_config
+
+    by_lower = {n.lower(): n for n in name_to_config}
+    if spec.name.lower() not in by_lower:
+        close = difflib.get_close_matches(spec.name, list(name_to_config), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see litgpt.config.name_to_config"
+        raise ModelSpecError(f"unknown litgpt config name {spec.name!r}{hint}")
+    name = by_lower[spec.name.lower()]
+    overrides = {} if spec.n_layer is None else {"n_layer": spec.n_layer}
+    config = Config.from_name(name, **overrides)
+    if spec.tiny:
+        overrides.update(tiny_overrides(config))
+    seq = spec.seq or min(32 if spec.tiny else 128, config.block_size)
+    if seq > config.block_size or spec.tiny:
+        overrides["block_size"] = seq
+    return Config.from_name(name, **overrides), seq
+
+
+def _check_spec(spec: ModelSpec) -> None:
+    if spec.dtype not in DTYPES:
+        raise ModelSpecError(f"unknown dtype {spec.dtype!r}; use one of {', '.join(DTYPES)}")
+    for field_name in ("n_layer", "seq"):
+        value = getattr(spec, field_name)
+        if value is not None and value < 1:
+            raise ModelSpecError(f"{field_name} must be a positive integer, got {value}")
+    if spec.batch < 1:
+        raise ModelSpecError(f"batch must be a positive integer, got {spec.batch}")
+    if spec.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelSpecError("device 'cuda' requested but torch.cuda.is_available() is False; use cpu or meta")
+
+
+def build_litgpt(spec: ModelSpec):
+    """A litgpt GPT and a token batch; the model is built directly on `spec.device`."""
+    import litgpt
+
+    config, seq = litgpt_config(spec)
+    dtype = DTYPES[spec.dtype]
+    torch.manual_seed(0)
+    with torch.device(spec.device):
+        model = litgpt.GPT(config).to(dtype)
+    idx = torch.randint(0, config.padded_vocab_size, (spec.batch, seq), device=spec.device)
+    return model, (idx,)
+
+
+def build_factory(spec: ModelSpec):
+    """Calls ``module:factory`` and checks that it returned ``(model, inputs)``."""
+    module_name, _, attr = spec.name.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ModelSpecError(f"cannot load factory {spec.name!r}: {e}") from e
+    result = factory()
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], tuple)):
+        raise ModelSpecError(f"factory {spec.name!r} must return (model, example_inputs_tuple)")
+    return result
+
+
+def build_model(spec: ModelSpec):
+    """Returns ``(model, example_inputs)`` for `spec`; raises `ModelSpecError` on bad input."""
+    _check_spec(spec)
+    if ":" in spec.name:
+        return build_factory(spec)
+    return build_litgpt(spec)
+
+
+def check_same_device(model: torch.nn.Module, inputs: tuple) -> None:
+    """Raises `ModelSpecError` if the inputs and parameters are not all on one device."""
+    tensors = [*model.parameters(), *model.buffers(), *(t for t in inputs if isinstance(t, torch.Tensor))]
+    device_set = sorted({str(t.device) for t in tensors})
+    if len(device_set) > 1:
+        raise ModelSpecError(
+            f"inputs and parameters are on several devices ({', '.join(device_set)}); move them to one device"
+        )
+
+
+__all__ = ["ModelSpec", "ModelSpecError", "build_model", "check_same_device", "litgpt_config", "replace"]

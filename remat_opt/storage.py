@@ -1,0 +1,136 @@
+"""Storage identity of every tensor of a trace, found by running its ops on the meta device.
+
+Whether a torch op returns a view depends on strides (`reshape` of a contiguous tensor is a view,
+of a transposed one a copy) and, for some Thunder ops, on the executor's implementation
+(`shallow_copy` returns its input). Rather than re-deriving those rules, `StorageTracker` runs each
+op of the final trace, as printed by Thunder, on meta tensors and asks torch: a result whose
+`_base` (or itself) is a tensor seen before shares that tensor's storage. Meta tensors allocate
+nothing, so this is fast at any model size.
+
+Fusion regions (nvFuser, torch.compile) cannot run on meta: their outputs are taken to be fresh
+allocations, and their member ops' results are `internal` (never materialized). An op that fails
+on meta also gets fresh outputs, and a note says which.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+from thunder.core import dtypes
+from thunder.core.proxies import TensorProxy
+from thunder.core.symbol import BoundSymbol
+
+from remat_opt.graph import TensorNode
+
+
+def _torch_dtype(proxy: TensorProxy) -> torch.dtype:
+    return dtypes.to_torch_dtype(proxy.dtype)
+
+
+def _element_bytes(proxy: TensorProxy) -> int:
+    return torch.empty((), dtype=_torch_dtype(proxy), device="meta").element_size()
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _meta_empty(proxy: TensorProxy) -> torch.Tensor:
+    return torch.empty(tuple(int(s) for s in proxy.shape), dtype=_torch_dtype(proxy), device="meta")
+
+
+class _OnMeta(TorchFunctionMode):
+    """Sends factory calls and device moves (`arange(..., device="cpu")`, `x.to("cuda")`) to meta."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs:
+            kwargs["device"] = "meta"
+        if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu):
+            args = tuple("meta" if isinstance(a, (torch.device, str)) else a for a in args)
+            if func is not torch.Tensor.to:
+                return args[0]
+        return func(*args, **kwargs)
+
+
+class StorageTracker:
+    """Runs ops on meta tensors and records, per tensor name, which storage it lives in."""
+
+    def __init__(self):
+        self._values: dict[str, object] = {}
+        self._owner_by_root: dict[int, str] = {}
+        self._roots: list[torch.Tensor] = []  # keeps roots alive so ids stay unique
+        self._nodes: dict[str, TensorNode] = {}
+        self.notes: list[str] = []
+
+    def add_input(self, proxy: TensorProxy, *, kind: str) -> None:
+        """Registers an input of a trace as a fresh, contiguous tensor."""
+        if proxy.name not in self._nodes:
+            self._register(proxy, _meta_empty(proxy), kind)
+
+    def run(self, bsym: BoundSymbol, *, kind: str) -> None:
+        """Runs one top-level op on meta and registers its tensor outputs."""
+        outs = [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
+        if bsym.sym.is_fusion:
+            self._register_internal(bsym, {o.name for o in outs})
+            values = {o.name: _meta_empty(o) for o in outs}
+        else:
+            values = self._execute(bsym, outs)
+        for o in outs:
+            if o.name not in self._nodes:
+                self._register(o, values[o.name], kind)
+
+    def tensor_nodes(self) -> dict[str, TensorNode]:
+        return dict(self._nodes)
+
+    def _execute(self, bsym: BoundSymbol, outs: list[TensorProxy]) -> dict[str, torch.Tensor]:
+        env = {p.name: self._values[p.name] for p in bsym.flat_proxy_args if p.name in self._values}
+        import_ctx, call_ctx, object_ctx = bsym.gather_ctxs()
+        code = "\n".join(bsym.python(indent=0, print_depth=1))
+        try:
+            with _OnMeta():
+                exec(compile(code, f"<meta {bsym.sym.name}>", "exec"), {**import_ctx, **call_ctx, **object_ctx}, env)
+            values = {o.name: env[o.name] for o in outs}
+            if all(isinstance(v, torch.Tensor) for v in values.values()):
+                return values
+            reason = "returned a non-tensor"
+        except Exception as e:  # an op without a meta kernel: assume fresh outputs, and say so
+            reason = f"{type(e).__name__}: {e}"
+        self.notes.append(f"{bsym.sym.name} could not run on meta ({reason}); outputs taken as fresh")
+        return {o.name: _meta_empty(o) for o in outs}
+
+    def _register(self, proxy: TensorProxy, value: torch.Tensor, kind: str) -> None:
+        root = value._base if value._base is not None else value
+        owner = self._owner_by_root.get(id(root))
+        if owner is None:
+            owner = proxy.name
+            self._owner_by_root[id(root)] = owner
+            self._roots.append(root)
+            storage_bytes = root.untyped_storage().nbytes()
+        else:
+            storage_bytes = self._nodes[owner].storage_bytes
+        self._values[proxy.name] = value
+        self._nodes[proxy.name] = self._node(proxy, kind, owner, storage_bytes)
+
+    def _register_internal(self, region: BoundSymbol, region_outputs: set[str]) -> None:
+        for sub in region.subsymbols:
+            for o in sub.flat_proxy_outs:
+                if isinstance(o, TensorProxy) and o.name not in region_outputs and o.name not in self._nodes:
+                    self._nodes[o.name] = self._node(o, "internal", o.name, 0)
+
+    @staticmethod
+    def _node(proxy: TensorProxy, kind: str, storage: str, storage_bytes: int) -> TensorNode:
+        shape = tuple(int(s) for s in proxy.shape)
+        return TensorNode(
+            name=proxy.name,
+            shape=shape,
+            dtype=str(_torch_dtype(proxy)).removeprefix("torch."),
+            device=proxy.device.device_str(),
+            nbytes=_numel(shape) * _element_bytes(proxy),
+            storage=storage,
+            storage_bytes=storage_bytes,
+            kind=kind,
+        )
