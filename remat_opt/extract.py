@@ -253,12 +253,14 @@ def build_joint_graph(
     tracker = StorageTracker()
     for p in input_proxies:
         tracker.add_input(p, kind="input")
+    forward_ctx = forward_trace.python_ctx()
     for bsym, _ in fwd_ops:
-        tracker.run(bsym, kind="forward")
+        tracker.run(bsym, kind="forward", trace_ctx=forward_ctx)
     for p in _cotangents(backward_trace):
         tracker.add_input(p, kind="cotangent")
+    backward_ctx = backward_trace.python_ctx()
     for bsym, _ in bwd_ops:
-        tracker.run(bsym, kind="backward")
+        tracker.run(bsym, kind="backward", trace_ctx=backward_ctx)
 
     producer_bsyms = {p.name: bsym for bsym, _ in fwd_ops for p in _tensor_outs(bsym)}
     saved_nodes = tuple(
@@ -271,7 +273,7 @@ def build_joint_graph(
         input_names=tuple(p.name for p in input_proxies),
         forward_output_names=tuple(p.name for p in outputs),
         executors=executors,
-        notes=tuple(tracker.notes),
+        notes=tuple(f"{note} (x{count})" if count > 1 else note for note, count in tracker.notes.items()),
     )
 
 
@@ -295,15 +297,17 @@ class GraphCapture(Transform):
     def __init__(self, *, stop: bool = False):
         self.stop = stop
         self.graph: g.JointGraph | None = None
+        self.computation_trace: TraceCtx | None = None  # the pre-autodiff trace that tags go on
         self.forward_trace: TraceCtx | None = None
         self.backward_trace: TraceCtx | None = None
 
     def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
         executors_list = kwargs.get("executors_list") or thunder.get_default_executors()
+        self.computation_trace = computation_trace
         self.forward_trace, self.backward_trace = dry_run(computation_trace, executors_list)
         if self.backward_trace is None:
             raise ValueError("no backward: no input or parameter requires grad, nothing is saved for backward")
-        names = tuple(ex.name for ex in executors_list)
+        names = tuple(ex.name for ex in executors_list if not ex.name.startswith("__ad_hoc"))
         self.graph = build_joint_graph(self.forward_trace, self.backward_trace, names)
         if self.stop:
             raise _CaptureDone

@@ -64,21 +64,27 @@ class StorageTracker:
         self._owner_by_root: dict[int, str] = {}
         self._roots: list[torch.Tensor] = []  # keeps roots alive so ids stay unique
         self._nodes: dict[str, TensorNode] = {}
-        self.notes: list[str] = []
+        self.notes: dict[str, int] = {}  # note -> how many ops it applies to
 
     def add_input(self, proxy: TensorProxy, *, kind: str) -> None:
         """Registers an input of a trace as a fresh, contiguous tensor."""
         if proxy.name not in self._nodes:
             self._register(proxy, _meta_empty(proxy), kind)
 
-    def run(self, bsym: BoundSymbol, *, kind: str) -> None:
-        """Runs one top-level op on meta and registers its tensor outputs."""
+    def run(self, bsym: BoundSymbol, *, kind: str, trace_ctx: dict) -> None:
+        """Runs one top-level op on meta and registers its tensor outputs.
+
+        Args:
+            bsym: a top-level bound symbol of a final trace.
+            kind: the `TensorNode.kind` of its outputs.
+            trace_ctx: the trace's `python_ctx()` (the names its printed program refers to).
+        """
         outs = [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
         if bsym.sym.is_fusion:
             self._register_internal(bsym, {o.name for o in outs})
             values = {o.name: _meta_empty(o) for o in outs}
         else:
-            values = self._execute(bsym, outs)
+            values = self._execute(bsym, outs, trace_ctx)
         for o in outs:
             if o.name not in self._nodes:
                 self._register(o, values[o.name], kind)
@@ -86,20 +92,20 @@ class StorageTracker:
     def tensor_nodes(self) -> dict[str, TensorNode]:
         return dict(self._nodes)
 
-    def _execute(self, bsym: BoundSymbol, outs: list[TensorProxy]) -> dict[str, torch.Tensor]:
+    def _execute(self, bsym: BoundSymbol, outs: list[TensorProxy], trace_ctx: dict) -> dict[str, torch.Tensor]:
         env = {p.name: self._values[p.name] for p in bsym.flat_proxy_args if p.name in self._values}
-        import_ctx, call_ctx, object_ctx = bsym.gather_ctxs()
         code = "\n".join(bsym.python(indent=0, print_depth=1))
         try:
             with _OnMeta():
-                exec(compile(code, f"<meta {bsym.sym.name}>", "exec"), {**import_ctx, **call_ctx, **object_ctx}, env)
+                exec(compile(code, f"<meta {bsym.sym.name}>", "exec"), trace_ctx, env)
             values = {o.name: env[o.name] for o in outs}
             if all(isinstance(v, torch.Tensor) for v in values.values()):
                 return values
             reason = "returned a non-tensor"
         except Exception as e:  # an op without a meta kernel: assume fresh outputs, and say so
             reason = f"{type(e).__name__}: {e}"
-        self.notes.append(f"{bsym.sym.name} could not run on meta ({reason}); outputs taken as fresh")
+        note = f"{bsym.sym.name} could not run on meta ({reason}); outputs taken as fresh"
+        self.notes[note] = self.notes.get(note, 0) + 1
         return {o.name: _meta_empty(o) for o in outs}
 
     def _register(self, proxy: TensorProxy, value: torch.Tensor, kind: str) -> None:

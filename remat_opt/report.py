@@ -1,0 +1,123 @@
+"""Readable and machine-readable reports of a `JointGraph` (pure: no thunder, no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from remat_opt.graph import JointGraph
+
+
+def format_bytes(n_bytes: int) -> str:
+    """`1536` -> ``"1.50 KiB"``; binary units, two decimals."""
+    value = float(n_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:,.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def saved_groups(graph: JointGraph) -> list[dict]:
+    """Saved activation storages grouped by the symbol of the op that allocated them.
+
+    Every storage is counted once, in the group of its owner, so the group bytes sum to
+    `graph.saved_activation_bytes`.
+    """
+    groups: dict[str, dict] = {}
+    for name in graph.saved_names:
+        if graph.is_input_storage(name):
+            continue
+        owner = graph.tensors[name].storage
+        op = graph.producers.get(owner)
+        group = groups.setdefault(op.symbol if op else "?", {"tensors": 0, "storages": set()})
+        group["tensors"] += 1
+        group["storages"].add(owner)
+    rows = []
+    for symbol, group in groups.items():
+        n_bytes = sum(graph.tensors[s].storage_bytes for s in group["storages"])
+        rows.append({"op": symbol, "tensors": group["tensors"], "storages": len(group["storages"]), "bytes": n_bytes})
+    return sorted(rows, key=lambda r: (-r["bytes"], r["op"]))
+
+
+def top_saved(graph: JointGraph, top: int) -> list[dict]:
+    """The `top` largest saved activation storages, with their tag target and reason."""
+    by_storage: dict[str, dict] = {}
+    for saved in graph.saved:
+        if graph.is_input_storage(saved.name):
+            continue
+        tensor = graph.tensors[saved.name]
+        owner = graph.tensors[tensor.storage]
+        if owner.name in by_storage:
+            continue
+        op = graph.producers.get(owner.name)
+        by_storage[owner.name] = {
+            "name": saved.name,
+            "storage": owner.name,
+            "shape": list(owner.shape),
+            "dtype": owner.dtype,
+            "bytes": owner.storage_bytes,
+            "producer": op.symbol if op else None,
+            "tag_target": saved.tag_target,
+            "taggable": saved.taggable,
+            "reason": saved.reason,
+        }
+    return sorted(by_storage.values(), key=lambda r: (-r["bytes"], r["name"]))[:top]
+
+
+def inspect_report(graph: JointGraph, *, spec=None, analysis_s: float | None = None, top: int = 10) -> dict:
+    """Everything `remat-opt inspect` prints, as JSON-ready data."""
+    input_storages = {graph.tensors[n].storage for n in graph.saved_names if graph.is_input_storage(n)}
+    return {
+        "model": asdict(spec) if spec is not None else None,
+        "executors": list(graph.executors),
+        "saved_tensors": len(graph.saved),
+        "saved_activation_bytes": graph.saved_activation_bytes,
+        "saved_activation_storages": len({graph.tensors[n].storage for n in graph.saved_names}) - len(input_storages),
+        "saved_input_bytes": graph.saved_bytes - graph.saved_activation_bytes,
+        "saved_bytes": graph.saved_bytes,
+        "forward_ops": len(graph.forward_ops),
+        "backward_ops": len(graph.backward_ops),
+        "groups": saved_groups(graph),
+        "top": top_saved(graph, top),
+        "notes": list(graph.notes),
+        "analysis_s": analysis_s,
+    }
+
+
+def _table(rows: list[list[str]], header: list[str]) -> list[str]:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
+    return [fmt.format(*header), *(fmt.format(*map(str, r)) for r in rows)]
+
+
+def render_inspect(report: dict) -> str:
+    """Human-readable `remat-opt inspect` output."""
+    total = report["saved_activation_bytes"]
+    model = report["model"] or {}
+    lines = [
+        f"{model.get('name', '?')}: n_layer={model.get('n_layer')} seq={model.get('seq')} "
+        f"batch={model.get('batch')} {model.get('dtype')} on {model.get('device')}",
+        f"executors: {', '.join(report['executors'])}",
+        f"saved for backward: {format_bytes(total)} of activations in "
+        f"{report['saved_activation_storages']} storages ({report['saved_tensors']} tensors), "
+        f"plus {format_bytes(report['saved_input_bytes'])} of inputs and parameters (alive anyway)",
+        "",
+        "by producing op:",
+    ]
+    rows = [
+        [g["op"], g["tensors"], g["storages"], format_bytes(g["bytes"]), f"{100 * g['bytes'] / max(total, 1):.1f}%"]
+        for g in report["groups"]
+    ]
+    lines += ["  " + line for line in _table(rows, ["op", "tensors", "storages", "bytes", "share"])]
+    lines += ["", f"largest saved storages (top {len(report['top'])}):"]
+    rows = [
+        [t["name"], "x".join(map(str, t["shape"])), t["dtype"], format_bytes(t["bytes"]), t["producer"],
+         t["tag_target"] or "-", t["reason"]]
+        for t in report["top"]
+    ]
+    header = ["tensor", "shape", "dtype", "bytes", "producer", "tag target", "reason"]
+    lines += ["  " + line for line in _table(rows, header)]
+    lines += [f"note: {n}" for n in report["notes"]]
+    if report["analysis_s"] is not None:
+        lines.append(f"analysis took {report['analysis_s']:.1f} s")
+    return "\n".join(lines)

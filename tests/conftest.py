@@ -1,0 +1,21 @@
+"""Shared fixtures. `remat_opt` is imported first so that thunder imports on torch 2.13."""
+
+import remat_opt  # noqa: F401
+
+import pytest
+import thunder
+
+from remat_opt.executors.sdpa_cpu import sdpa_cpu_ex
+
+# Tiny litgpt configs, one per family (see remat_opt.models.tiny_overrides).
+FAMILIES = ("Llama-2-7b-hf", "Llama-3-8B", "gemma-2b", "phi-2", "pythia-14m")
+
+
+def executor_list(kind: str):
+    """`"default"`: Thunder's executors (SDPA decomposed on CPU); `"fused"`: with the CPU fused SDPA."""
+    return None if kind == "default" else [sdpa_cpu_ex, *thunder.get_default_executors()]
+
+
+@pytest.fixture(scope="session")
+def executors():
+    return executor_list

@@ -1,0 +1,45 @@
+"""`remat-opt inspect`: output, JSON, and one-line errors for bad input."""
+
+import json
+
+import pytest
+
+from remat_opt.cli import main
+
+TINY = ["Llama-2-7b-hf", "--tiny", "--n-layer", "1", "--device", "meta"]
+
+
+def test_inspect_json_totals_are_consistent(capsys):
+    assert main(["inspect", *TINY, "--json", "--top", "5"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["model"]["name"] == "Llama-2-7b-hf" and report["model"]["seq"] == 32
+    assert sum(g["bytes"] for g in report["groups"]) == report["saved_activation_bytes"] > 0
+    assert report["saved_bytes"] == report["saved_activation_bytes"] + report["saved_input_bytes"]
+    assert len(report["top"]) == 5
+    assert [t["bytes"] for t in report["top"]] == sorted((t["bytes"] for t in report["top"]), reverse=True)
+    assert "remat_sdpa_cpu_fwd" in {g["op"] for g in report["groups"]}
+
+
+def test_inspect_text_output(capsys):
+    assert main(["inspect", "remat_opt.examples:block", "--executors", "default"]) == 0
+    out = capsys.readouterr().out
+    assert "saved for backward:" in out and "by producing op:" in out and "largest saved storages" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["inspect", "Llama-2-7b"], "unknown litgpt config name 'Llama-2-7b'; did you mean Llama-2-7b-hf"),
+        (["inspect", "factories:broken"], "tracing _Broken failed"),
+        (["inspect", "factories:mixed_devices"], "several devices (cpu, meta)"),
+        (["inspect", "factories:not_a_pair"], "must return (model, example_inputs_tuple)"),
+        (["inspect", "factories:missing"], "cannot load factory"),
+        (["inspect", "Llama-2-7b-hf", "--seq", "0"], "seq must be a positive integer"),
+    ],
+    ids=["unknown-config", "failing-forward", "mixed-devices", "bad-factory", "missing-factory", "bad-seq"],
+)
+def test_bad_input_gets_one_line_error(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("remat-opt: error: ") and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
