@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
+import sys
 from dataclasses import dataclass, replace
 
 import torch
@@ -115,6 +117,8 @@ def build_litgpt(spec: ModelSpec):
 def build_factory(spec: ModelSpec):
     """Calls ``module:factory`` and checks that it returned ``(model, inputs)``."""
     module_name, _, attr = spec.name.partition(":")
+    if os.getcwd() not in sys.path:  # like `python -m`, find modules of the working directory
+        sys.path.insert(0, os.getcwd())
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
