@@ -1,1 +1,17 @@
-"""Per-op cost formulas, device specs and measured cost tables (see issue: cost models)."""
+"""Per-op cost formulas, device specs and measured cost tables (see issue: cost models).
+
+Modules:
+    formulas: one registry of per-op FLOP and byte formulas (`register_cost`, `formula_cost`).
+    devices: GPU spec sheets, CPU calibration, the roofline (`get_device_spec`, `roofline_time_s`).
+    table: measured cost tables as JSON (`save_table`, `load_table`, `op_key`).
+    api: the cost API of the solvers (`CostModel`, `coverage_report`).
+    runners: executing one op with torch (used by the profiler).
+    profiler: ``remat-opt profile`` (`profile_graph`, `add_profile_arguments`, `run_profile`).
+
+Only `api`, `runners` and `profiler` need torch or the graph; none imports Thunder (the profiler's
+command line imports `remat_opt.extract` to build the graph).
+"""
+
+from costmodels.formulas import OpArgs, OpCost, TensorMeta, formula_cost, register_cost
+
+__all__ = ["OpArgs", "OpCost", "TensorMeta", "formula_cost", "register_cost"]

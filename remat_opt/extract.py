@@ -66,7 +66,7 @@ class _Origin:
     proxy_name: str | None  # the pre-autodiff proxy (None on a bound-symbol marker)
     symbol: str
     depth: int  # 0 for top-level bound symbols, 1 for their subsymbols, ...
-    primal_outputs: tuple[str, ...]
+    unit: str | None  # the proxy whose tag recomputes this bound symbol (see `_copy_marked`)
     is_random: bool
     __hash__ = object.__hash__
     __eq__ = object.__eq__
@@ -85,17 +85,30 @@ def _tensor_outs(bsym: BoundSymbol) -> list[TensorProxy]:
     return [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
 
 
-def _copy_marked(bsym: BoundSymbol, depth: int) -> BoundSymbol:
-    """Copies `bsym` recursively with fresh tag sets and adds origin markers to the copy."""
-    subsymbols = [_copy_marked(s, depth + 1) for s in bsym.subsymbols]
-    copy = bsym.from_bsym(subsymbols=subsymbols, tags=set(bsym.tags))
+def _copy_marked(bsym: BoundSymbol, depth: int, inherited: dict[str, str] | None = None) -> BoundSymbol:
+    """Copies `bsym` recursively with fresh tag sets and adds origin markers to the copy.
+
+    A tag on a proxy makes autodiff recompute the *shallowest* bound symbol that outputs it (with
+    its whole decomposition). So the unit a bound symbol is recomputed with is named by its first
+    new output, unless an ancestor also outputs one of its outputs: then it is the ancestor's unit.
+
+    Args:
+        bsym: the pre-autodiff bound symbol.
+        depth: 0 for top-level bound symbols.
+        inherited: proxy name -> unit, for the outputs of the ancestors.
+    """
+    inherited = inherited or {}
     arg_names = {a.name for a in bsym.flat_proxy_args}
-    outs = tuple(o.name for o in _tensor_outs(bsym) if o.name not in arg_names)
+    outs = [o for o in _tensor_outs(bsym) if o.name not in arg_names]
+    shared = [inherited[o.name] for o in outs if o.name in inherited]
+    unit = shared[0] if shared else (outs[0].name if outs else None)
+    child_inherited = {**inherited, **{o.name: unit for o in outs}} if unit else inherited
+    subsymbols = [_copy_marked(s, depth + 1, child_inherited) for s in bsym.subsymbols]
+    copy = bsym.from_bsym(subsymbols=subsymbols, tags=set(bsym.tags))
     random = _is_random(bsym)
-    copy.tags.add(_Origin(None, bsym.sym.name, depth, outs, random))
-    for o in _tensor_outs(bsym):
-        if o.name not in arg_names:
-            o.tags.add(_Origin(o.name, bsym.sym.name, depth, outs, random))
+    copy.tags.add(_Origin(None, bsym.sym.name, depth, unit, random))
+    for o in outs:
+        o.tags.add(_Origin(o.name, bsym.sym.name, depth, inherited.get(o.name, unit), random))
     return copy
 
 
@@ -175,6 +188,12 @@ def _op_tags(bsym: BoundSymbol) -> frozenset[str]:
     return frozenset(tags)
 
 
+def _tag_units(bsym: BoundSymbol) -> tuple[str, ...]:
+    """Tag targets whose recomputation re-runs `bsym` (its pre-autodiff ancestors), shallowest first."""
+    marks = sorted((m for m in _markers(bsym.tags) if m.unit is not None), key=lambda m: m.depth)
+    return tuple(dict.fromkeys(m.unit for m in marks))
+
+
 def _op_node(bsym: BoundSymbol, name: str, is_backward: bool, index: int, members=()) -> g.OpNode:
     return g.OpNode(
         name=name,
@@ -186,6 +205,7 @@ def _op_node(bsym: BoundSymbol, name: str, is_backward: bool, index: int, member
         attrs=_attrs(bsym),
         members=tuple(members),
         op_tags=_op_tags(bsym),
+        tag_units=() if is_backward else _tag_units(bsym),
     )
 
 
@@ -217,25 +237,24 @@ def _forward_outputs(forward_trace: TraceCtx) -> list[TensorProxy]:
 
 def _classify_saved(
     proxy: TensorProxy, producer: BoundSymbol | None, input_names: set[str], output_names: set[str]
-) -> g.SavedTensor:
+) -> g.TensorOrigin:
     """Finds the tag target of a saved tensor, or why there is none."""
     if proxy.name in input_names:
-        return g.SavedTensor(proxy.name, None, None, False, g.REASON_INPUT)
+        return g.TensorOrigin(proxy.name, None, None, False, g.REASON_INPUT)
     proxy_marks = sorted(_markers(proxy.tags), key=lambda m: m.depth)
     if proxy_marks:
-        origin, target = proxy_marks[0], proxy_marks[0].proxy_name
-        reason = "activation"
+        origin, reason = proxy_marks[0], "activation"
     else:
         bsym_marks = sorted(_markers(producer.tags), key=lambda m: -m.depth) if producer else []
-        if not bsym_marks or not bsym_marks[0].primal_outputs:
-            return g.SavedTensor(proxy.name, None, None, False, g.REASON_NO_ORIGIN)
-        origin, target = bsym_marks[0], bsym_marks[0].primal_outputs[0]
-        reason = g.REASON_AUXILIARY
+        if not bsym_marks or bsym_marks[0].unit is None:
+            return g.TensorOrigin(proxy.name, None, None, False, g.REASON_NO_ORIGIN)
+        origin, reason = bsym_marks[0], g.REASON_AUXILIARY
+    target = origin.unit
     if any(m.is_random for m in proxy_marks) or origin.is_random:
-        return g.SavedTensor(proxy.name, target, origin.symbol, False, g.REASON_RANDOM)
+        return g.TensorOrigin(proxy.name, target, origin.symbol, False, g.REASON_RANDOM)
     if proxy.name in output_names:
-        return g.SavedTensor(proxy.name, target, origin.symbol, False, g.REASON_FORWARD_OUTPUT)
-    return g.SavedTensor(proxy.name, target, origin.symbol, True, reason)
+        return g.TensorOrigin(proxy.name, target, origin.symbol, False, g.REASON_FORWARD_OUTPUT)
+    return g.TensorOrigin(proxy.name, target, origin.symbol, True, reason)
 
 
 def build_joint_graph(
@@ -262,14 +281,16 @@ def build_joint_graph(
     for bsym, _ in bwd_ops:
         tracker.run(bsym, kind="backward", trace_ctx=backward_ctx)
 
-    producer_bsyms = {p.name: bsym for bsym, _ in fwd_ops for p in _tensor_outs(bsym)}
-    saved_nodes = tuple(
-        _classify_saved(p, producer_bsyms.get(p.name), input_names, output_names) for p in saved
-    )
+    producer_bsyms = {p.name: (bsym, p) for bsym, _ in fwd_ops for p in _tensor_outs(bsym)}
+    origins = {
+        name: _classify_saved(proxy, bsym, input_names, output_names) for name, (bsym, proxy) in producer_bsyms.items()
+    }
+    saved_nodes = tuple(origins.get(p.name) or _classify_saved(p, None, input_names, output_names) for p in saved)
     return g.JointGraph(
         ops=tuple(op for _, op in fwd_ops + bwd_ops),
         tensors=tracker.tensor_nodes(),
         saved=saved_nodes,
+        origins=origins,
         input_names=tuple(p.name for p in input_proxies),
         forward_output_names=tuple(p.name for p in outputs),
         executors=executors,

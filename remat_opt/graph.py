@@ -10,6 +10,8 @@ A `JointGraph` holds what the planner needs from one Thunder compilation:
   `storage_bytes` is the size of that memory. Memory is counted by storage, never by tensor.
 * `saved`: the forward tensors that the backward reads, in the order Thunder saves them, each with
   the pre-autodiff proxy a `RECOMPUTE_IN_BACKWARD` tag would have to go on, or why none can.
+  `origins` holds the same record for every tensor a forward op writes (saved or not), which is
+  what a recompute chain through unsaved intermediates needs.
 
 `JointGraph.nx` is the same graph as a bipartite `networkx.DiGraph` (op nodes and tensor nodes).
 """
@@ -72,6 +74,9 @@ class OpNode:
         members: for fusion regions, the fused ops in order (their tensors are ``internal``).
         op_tags: op properties that matter to planning: ``"random"``, ``"dont_recompute"``,
             ``"matmul"``, ``"fusion"``.
+        tag_units: (forward ops) the tag targets whose ``RECOMPUTE_IN_BACKWARD`` tag makes Thunder
+            re-run this op, shallowest pre-autodiff ancestor first. Tagging target X recomputes
+            every forward op with X in its `tag_units` (the needed ones): that set is X's unit.
     """
 
     name: str
@@ -83,11 +88,12 @@ class OpNode:
     attrs: tuple[tuple[str, Any], ...] = ()
     members: tuple[OpNode, ...] = ()
     op_tags: frozenset[str] = frozenset()
+    tag_units: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
-class SavedTensor:
-    """A forward tensor that the backward reads.
+class TensorOrigin:
+    """Where a forward tensor comes from, for tagging: a saved tensor, or one a recompute passes.
 
     Attributes:
         name: its name in the traces.
@@ -111,9 +117,10 @@ class JointGraph:
 
     ops: tuple[OpNode, ...]
     tensors: dict[str, TensorNode]
-    saved: tuple[SavedTensor, ...]
+    saved: tuple[TensorOrigin, ...]
     input_names: tuple[str, ...]
     forward_output_names: tuple[str, ...]
+    origins: dict[str, TensorOrigin] = field(default_factory=dict)
     executors: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())
 
@@ -151,6 +158,15 @@ class JointGraph:
             g.add_edges_from((name, op.name) for name in op.inputs)
             g.add_edges_from((op.name, name) for name in op.outputs)
         return g
+
+    @cached_property
+    def recompute_units(self) -> dict[str, tuple[OpNode, ...]]:
+        """Tag target -> the forward ops that tagging it would re-run (see `OpNode.tag_units`)."""
+        units: dict[str, list[OpNode]] = {}
+        for op in self.forward_ops:
+            for unit in op.tag_units:
+                units.setdefault(unit, []).append(op)
+        return {unit: tuple(ops) for unit, ops in units.items()}
 
     @cached_property
     def saved_names(self) -> tuple[str, ...]:

@@ -1,0 +1,371 @@
+"""Device specs (vendor sheets for GPUs, a calibration for the CPU) and the roofline estimate.
+
+GPU peaks are **dense** figures: NVIDIA's sheets print tensor-core numbers "with sparsity" and give
+the dense value as half of it. "matrix" peaks are tensor-core peaks, used for matmul, linear and
+attention; "vector" peaks are the non-tensor (CUDA core) FP32/FP64 peaks, used for everything else.
+float32 matrix work is taken at the FP32 peak, not TF32, because torch leaves
+``torch.backends.cuda.matmul.allow_tf32`` off by default; `with_tf32` gives the TF32 variant.
+
+Sources (checked 2025):
+    * H100 SXM5 80 GB: NVIDIA H100 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/h100/
+      (FP64 34, FP64 TC 67, FP32 67, TF32 989*, BF16/FP16 1,979*, FP8 3,958* TFLOPS, * = with
+      sparsity; HBM3 3.35 TB/s).
+    * H200 SXM 141 GB: NVIDIA H200 datasheet, https://www.nvidia.com/en-us/data-center/h200/ (same
+      Hopper compute as H100 SXM; HBM3e 4.8 TB/s).
+    * A100 80 GB SXM: NVIDIA A100 datasheet, https://www.nvidia.com/en-us/data-center/a100/ (FP64 9.7,
+      FP64 TC 19.5, FP32 19.5, TF32 156 (312*), BF16/FP16 312 (624*) TFLOPS; HBM2e 2,039 GB/s).
+    * L40S 48 GB: NVIDIA L40S datasheet, https://www.nvidia.com/en-us/data-center/l40s/ (FP32 91.6,
+      TF32 183 (366*), BF16/FP16 362.05 (733*), FP8 733 (1,466*) TFLOPS; GDDR6 864 GB/s).
+
+Transcendental functions (exp, log, tanh, erf, rsqrt, ...) run on a GPU's special-function units:
+16 results per clock per SM on compute capability 8.0-9.0 (CUDA C++ Programming Guide, "Arithmetic
+Instructions" throughput table), i.e. SMs x 16 x boost clock: H100/H200 SXM 132 x 16 x 1.98 GHz =
+4.2e12/s (FlashAttention-3, Shah et al. 2024, quotes 3.9 TFLOPS of exponentials on H100 SXM5), A100
+108 x 16 x 1.41 GHz = 2.4e12/s, L40S 142 x 16 x 2.52 GHz = 5.7e12/s.
+
+The CPU has no sheet: `calibrate_cpu` measures matmul FLOP/s per dtype, elementwise and exp
+throughput on cache-resident data, copy bandwidth (cache-resident and from DRAM) and the per-op
+overheads (a tiny kernel, a view) when a profile is taken.
+
+Roofline: ``time = max(matrix_flops / matrix_peak + other_flops / vector_peak + transcendentals /
+special_rate, bytes / bandwidth)`` where the bandwidth is the cache's when the op's bytes fit in it
+(CPU), + kernels * launch_overhead``; a view costs ``view_overhead`` and Thunder bookkeeping
+(``shallow_copy``, ``update_aliases``: no torch call) nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, replace
+
+from costmodels.formulas import OpCost
+
+TERA = 1e12
+
+# Per-op overheads assumed for GPUs: a CUDA kernel launch from PyTorch eager costs a few microseconds
+# of host time; views are metadata only and overlap with running kernels.
+GPU_LAUNCH_OVERHEAD_S = 4e-6
+GPU_VIEW_OVERHEAD_S = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSpec:
+    """Peak throughput of one device.
+
+    Attributes:
+        name: short name (``"H100-SXM"``, ``"cpu"``).
+        matrix_flops_per_s: ``(dtype, FLOP/s)`` pairs, dense peak of matrix units.
+        vector_flops_per_s: ``(dtype, FLOP/s)`` pairs, peak of non-matrix units.
+        memory_bandwidth_bytes_per_s: memory (DRAM, HBM) bandwidth.
+        transcendentals_per_s: transcendental evaluations per second (special-function units).
+        launch_overhead_s: fixed time per kernel.
+        view_overhead_s: fixed time of an op that launches nothing (a view).
+        source: where the numbers come from (a datasheet, or "calibrated on ...").
+        cache_bytes: an op whose bytes fit in this much cache moves them at `cache_bandwidth_bytes_per_s`
+            (0: always memory bandwidth).
+        cache_bandwidth_bytes_per_s: bandwidth of cache-resident data.
+    """
+
+    name: str
+    matrix_flops_per_s: tuple[tuple[str, float], ...]
+    vector_flops_per_s: tuple[tuple[str, float], ...]
+    memory_bandwidth_bytes_per_s: float
+    transcendentals_per_s: float
+    launch_overhead_s: float
+    view_overhead_s: float
+    source: str
+    cache_bytes: int = 0
+    cache_bandwidth_bytes_per_s: float = 0.0
+
+    def matrix_peak(self, dtype: str) -> float:
+        """Matrix FLOP/s for `dtype` (float32's for a dtype the sheet does not list)."""
+        return _lookup(self.matrix_flops_per_s, dtype, self.name)
+
+    def vector_peak(self, dtype: str) -> float:
+        """Vector FLOP/s for `dtype` (float32's for a dtype the sheet does not list)."""
+        return _lookup(self.vector_flops_per_s, dtype, self.name)
+
+
+def _lookup(pairs: tuple[tuple[str, float], ...], dtype: str, device: str) -> float:
+    table = dict(pairs)
+    value = table.get(dtype, table.get("float32"))
+    if value is None or value <= 0:
+        raise ValueError(f"device {device!r} has no peak for dtype {dtype!r} nor float32; has {sorted(table)}")
+    return value
+
+
+def _gpu(
+    name: str, matrix_tflops: dict, vector_tflops: dict, bandwidth_tb_s: float, special_t: float, source: str
+) -> DeviceSpec:
+    return DeviceSpec(
+        name=name,
+        matrix_flops_per_s=tuple((k, v * TERA) for k, v in matrix_tflops.items()),
+        vector_flops_per_s=tuple((k, v * TERA) for k, v in vector_tflops.items()),
+        memory_bandwidth_bytes_per_s=bandwidth_tb_s * TERA,
+        transcendentals_per_s=special_t * TERA,
+        launch_overhead_s=GPU_LAUNCH_OVERHEAD_S,
+        view_overhead_s=GPU_VIEW_OVERHEAD_S,
+        source=source,
+    )
+
+
+_HOPPER_MATRIX = {"float64": 67.0, "float32": 67.0, "tfloat32": 494.7, "bfloat16": 989.4, "float16": 989.4,
+                  "float8_e4m3fn": 1978.9, "float8_e5m2": 1978.9}  # fmt: skip
+_HOPPER_VECTOR = {"float64": 34.0, "float32": 67.0}
+
+GPU_SPECS: dict[str, DeviceSpec] = {
+    spec.name: spec
+    for spec in (
+        _gpu("H100-SXM", _HOPPER_MATRIX, _HOPPER_VECTOR, 3.35, 4.18, "NVIDIA H100 datasheet (SXM5 80GB)"),
+        _gpu("H200", _HOPPER_MATRIX, _HOPPER_VECTOR, 4.8, 4.18, "NVIDIA H200 datasheet (SXM 141GB)"),
+        _gpu(
+            "A100-80GB",
+            {"float64": 19.5, "float32": 19.5, "tfloat32": 156.0, "bfloat16": 312.0, "float16": 312.0},
+            {"float64": 9.7, "float32": 19.5},
+            2.039,
+            2.44,
+            "NVIDIA A100 datasheet (80GB SXM)",
+        ),
+        _gpu(
+            "L40S",
+            {"float32": 91.6, "tfloat32": 183.0, "bfloat16": 362.05, "float16": 362.05, "float8_e4m3fn": 733.0},
+            {"float64": 1.43, "float32": 91.6},
+            0.864,
+            5.73,
+            "NVIDIA L40S datasheet",
+        ),
+    )
+}
+
+# Substrings of `torch.cuda.get_device_name()` -> spec name (first match wins).
+_CUDA_NAME_HINTS = (("H200", "H200"), ("H100", "H100-SXM"), ("A100", "A100-80GB"), ("L40S", "L40S"))
+_ALIASES = {"h100": "H100-SXM", "h100-sxm": "H100-SXM", "h100-sxm5": "H100-SXM", "h200": "H200",
+            "a100": "A100-80GB", "a100-80gb": "A100-80GB", "l40s": "L40S"}  # fmt: skip
+
+
+def with_tf32(spec: DeviceSpec) -> DeviceSpec:
+    """`spec` with float32 matrix work at the TF32 tensor-core peak (``allow_tf32=True``)."""
+    table = dict(spec.matrix_flops_per_s)
+    if "tfloat32" not in table:
+        return spec
+    table["float32"] = table["tfloat32"]
+    return replace(spec, matrix_flops_per_s=tuple(table.items()), name=f"{spec.name}+tf32")
+
+
+def get_device_spec(name: str) -> DeviceSpec:
+    """The spec sheet of a GPU by name (``"H100"``, ``"h200"``, ``"A100-80GB"``, ``"L40S"``) or a CUDA device name.
+
+    Raises:
+        ValueError: no sheet matches `name`; the message lists the known devices.
+    """
+    key = _ALIASES.get(name.lower(), name)
+    if key in GPU_SPECS:
+        return GPU_SPECS[key]
+    for hint, spec_name in _CUDA_NAME_HINTS:
+        if hint.lower() in name.lower():
+            return GPU_SPECS[spec_name]
+    raise ValueError(
+        f"no device spec for {name!r}; known: {', '.join(GPU_SPECS)} (or profile this device with "
+        "`remat-opt profile` and pass its cost table)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU calibration
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CpuCalibration:
+    """What `calibrate_cpu` measured on this CPU (rates exclude the per-op overhead).
+
+    Attributes:
+        matmul_flops_per_s: ``(dtype, FLOP/s)`` of a square matmul per dtype.
+        vector_flops_per_s: FLOP/s of an elementwise add on cache-resident float32 data.
+        transcendentals_per_s: ``exp`` evaluations per second on cache-resident float32 data.
+        memory_bandwidth_bytes_per_s: bytes read plus written per second by a copy larger than the caches.
+        cache_bandwidth_bytes_per_s: the same for a copy that fits in `cache_bytes`.
+        cache_bytes: size of the per-core cache the second copy fits in (L2).
+        launch_overhead_s: median time of an elementwise op on a one-element tensor.
+        view_overhead_s: median time of a view (``permute``) of a small tensor.
+        threads: ``torch.get_num_threads()`` when measured.
+    """
+
+    matmul_flops_per_s: tuple[tuple[str, float], ...]
+    vector_flops_per_s: float
+    transcendentals_per_s: float
+    memory_bandwidth_bytes_per_s: float
+    cache_bandwidth_bytes_per_s: float
+    cache_bytes: int
+    launch_overhead_s: float
+    view_overhead_s: float
+    threads: int
+
+    def to_json(self) -> dict:
+        data = {f: getattr(self, f) for f in self.__slots__}
+        data["matmul_flops_per_s"] = dict(self.matmul_flops_per_s)
+        return data
+
+    @staticmethod
+    def from_json(data: dict) -> CpuCalibration:
+        special = ("matmul_flops_per_s", "threads", "cache_bytes")
+        fields = {f: float(data[f]) for f in CpuCalibration.__slots__ if f not in special}
+        return CpuCalibration(
+            matmul_flops_per_s=tuple((str(k), float(v)) for k, v in data["matmul_flops_per_s"].items()),
+            cache_bytes=int(data["cache_bytes"]),
+            threads=int(data["threads"]),
+            **fields,
+        )
+
+
+def median_time_s(
+    fn, *, warmup: int = 3, repeats: int = 20, min_total_s: float = 0.02, max_repeats: int = 2000
+) -> float:
+    """Median wall time of `fn()` after `warmup` calls; repeats until `repeats` and `min_total_s` are reached."""
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    total = 0.0
+    while len(times) < repeats or (total < min_total_s and len(times) < max_repeats):
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+        times.append(elapsed)
+        total += elapsed
+    return statistics.median(times)
+
+
+def l2_cache_bytes(default: int = 1 << 20) -> int:
+    """Size of this CPU's per-core L2 cache (Linux sysfs), or `default`."""
+    for index in range(8):
+        base = f"/sys/devices/system/cpu/cpu0/cache/index{index}"
+        try:
+            with open(f"{base}/level") as f:
+                level = f.read().strip()
+            with open(f"{base}/size") as f:
+                size = f.read().strip()
+        except OSError:
+            break
+        if level == "2":
+            units = {"K": 1 << 10, "M": 1 << 20}
+            return int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+    return default
+
+
+def calibrate_cpu(*, matmul_size: int = 512, dram_bytes: int = 64 << 20) -> CpuCalibration:
+    """Measures this CPU with torch's current thread count (about a second).
+
+    Rates are taken net of the per-op overhead, so that ``overhead + work / rate`` reproduces them.
+    """
+    import torch
+
+    tiny = torch.rand(1)
+    overhead = median_time_s(lambda: torch.mul(tiny, tiny), repeats=200)
+    matmul = []
+    for dtype in ("float32", "bfloat16"):
+        a, b = (torch.rand(matmul_size, matmul_size, dtype=getattr(torch, dtype)) for _ in range(2))
+        matmul.append((dtype, 2 * matmul_size**3 / median_time_s(lambda a=a, b=b: torch.mm(a, b), repeats=5)))
+    cache_bytes = l2_cache_bytes()
+    x, y = torch.rand(cache_bytes // 16), torch.rand(cache_bytes // 16)  # three of them fit in L2
+    vector = x.numel() / _net(median_time_s(lambda: torch.add(x, y)), overhead)
+    special = x.numel() / _net(median_time_s(lambda: torch.exp(x)), overhead)
+    cache_bw = 2 * x.nbytes / _net(median_time_s(lambda: y.copy_(x)), overhead)
+    src = torch.empty(dram_bytes // 4)
+    dst = torch.empty_like(src)
+    small = torch.rand(4, 4)
+    return CpuCalibration(
+        matmul_flops_per_s=tuple(matmul),
+        vector_flops_per_s=vector,
+        transcendentals_per_s=special,
+        memory_bandwidth_bytes_per_s=2 * dram_bytes / median_time_s(lambda: dst.copy_(src), repeats=5),
+        cache_bandwidth_bytes_per_s=cache_bw,
+        cache_bytes=cache_bytes,
+        launch_overhead_s=overhead,
+        view_overhead_s=median_time_s(lambda: torch.permute(small, (1, 0)), repeats=200),
+        threads=torch.get_num_threads(),
+    )
+
+
+def _net(seconds: float, overhead_s: float) -> float:
+    # Work time without the fixed overhead, never below a tenth of the total (noise guard).
+    return max(seconds - overhead_s, 0.1 * seconds)
+
+
+def cpu_device_spec(calibration: CpuCalibration, name: str | None = None) -> DeviceSpec:
+    """A `DeviceSpec` for this CPU from its calibration (vector rates used for every dtype)."""
+    return DeviceSpec(
+        name=name or cpu_device_name(calibration.threads),
+        matrix_flops_per_s=calibration.matmul_flops_per_s,
+        vector_flops_per_s=(("float32", calibration.vector_flops_per_s),),
+        memory_bandwidth_bytes_per_s=calibration.memory_bandwidth_bytes_per_s,
+        transcendentals_per_s=calibration.transcendentals_per_s,
+        launch_overhead_s=calibration.launch_overhead_s,
+        view_overhead_s=calibration.view_overhead_s,
+        source="calibrated (costmodels.devices.calibrate_cpu)",
+        cache_bytes=calibration.cache_bytes,
+        cache_bandwidth_bytes_per_s=calibration.cache_bandwidth_bytes_per_s,
+    )
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or `platform.processor()` elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_device_name(threads: int | None = None) -> str:
+    """Identity of this CPU for cost tables: model name and thread count (times depend on both)."""
+    if threads is None:
+        import torch
+
+        threads = torch.get_num_threads()
+    return f"cpu: {cpu_model_name()} x{threads} threads ({os.cpu_count()} cores visible)"
+
+
+def current_device_name(device: str = "cpu") -> str:
+    """The name a cost table measured on `device` (``"cpu"``, ``"cuda"``, ``"cuda:1"``) records."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    if device != "cpu":
+        raise ValueError(f"cannot name device {device!r}: use 'cpu' or 'cuda[:N]' (meta has no timing)")
+    return cpu_device_name()
+
+
+# An uncalibrated CPU for formula-only estimates (a laptop-class core pair); profile for real numbers.
+NOMINAL_CPU = DeviceSpec(
+    name="cpu (nominal, uncalibrated)",
+    matrix_flops_per_s=(("float32", 5e10), ("bfloat16", 5e10)),
+    vector_flops_per_s=(("float32", 5e9),),
+    memory_bandwidth_bytes_per_s=1e10,
+    transcendentals_per_s=1e9,
+    launch_overhead_s=3e-6,
+    view_overhead_s=1e-6,
+    source="nominal values, not measured",
+    cache_bytes=1 << 20,
+    cache_bandwidth_bytes_per_s=5e10,
+)
+
+
+def roofline_time_s(cost: OpCost, spec: DeviceSpec) -> float:
+    """Roofline time of one op: compute or memory bound, plus its launch overheads."""
+    if cost.kernels == 0:  # a torch view pays the dispatcher; Thunder bookkeeping pays nothing
+        return 0.0 if cost.formula == "free" else spec.view_overhead_s
+    compute_s = (
+        cost.matrix_flops / spec.matrix_peak(cost.dtype)
+        + (cost.vector_flops - cost.transcendentals) / spec.vector_peak(cost.dtype)
+        + cost.transcendentals / spec.transcendentals_per_s
+    )
+    in_cache = 0 < cost.bytes_total <= spec.cache_bytes
+    bandwidth = spec.cache_bandwidth_bytes_per_s if in_cache else spec.memory_bandwidth_bytes_per_s
+    return max(compute_s, cost.bytes_total / bandwidth) + cost.kernels * spec.launch_overhead_s

@@ -1,0 +1,490 @@
+"""Remat plans, the independent plan checker and the peak-memory simulation of one training step.
+
+A `RematPlan` says, for every forward tensor the backward needs, whether it is saved or recomputed
+(and which forward ops recompute it, in order), and which pre-autodiff proxies (`tag targets`) the
+transform must tag with ``RECOMPUTE_IN_BACKWARD``. Solvers produce plans; nothing here imports
+them. `check_plan` and `simulate_step` re-derive everything from the `JointGraph` and the plan's
+tag targets alone, with Thunder's semantics:
+
+* Tagging a tag target recomputes every final forward op with an output of that tag target, and
+  a recomputed op recomputes all its outputs (so their tag targets too): the recomputed ops are a
+  fixpoint.
+* Recompute is demand-driven, as Thunder's backward clones only the tagged producers of tensors
+  it reads: a needed tensor whose producer is recomputed makes that op's inputs needed in turn;
+  any other needed forward tensor is saved. Inputs and parameters are always alive.
+* Memory is counted by storage (`TensorNode.storage`): a saved view keeps its base alive.
+
+The step simulated by `simulate_step`: the forward ops in order (outputs allocated, then tensors
+freed after their last forward use unless saved; forward outputs live to the end of the forward
+and are released with the loss), then the backward with cotangents allocated at its start and the
+recomputed ops inserted right before the first backward op that needs them. A storage is freed
+when the last tensor aliasing it dies. Backward outputs that nothing reads (the gradients) live
+to the end. Inputs and parameters are the constant baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from remat_opt.graph import JointGraph, OpNode
+
+SAVE = "save"
+RECOMPUTE = "recompute"
+INPUT = "input"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDecision:
+    """What happens to one forward tensor that the backward (or a recomputation) needs.
+
+    Attributes:
+        name: tensor name.
+        action: ``"save"``, ``"recompute"`` or ``"input"`` (input or parameter: always alive).
+        storage: the tensor owning its memory.
+        storage_bytes: bytes of that storage (0 for input storage).
+        tag_target: pre-autodiff proxy a tag would go on (None for inputs).
+        recompute_ops: for ``"recompute"``, the forward ops that rebuild it from saved tensors and
+            inputs, in forward order.
+    """
+
+    name: str
+    action: str
+    storage: str
+    storage_bytes: int
+    tag_target: str | None
+    recompute_ops: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RematPlan:
+    """A save/recompute decision for one joint graph, with its predicted costs.
+
+    Attributes:
+        solver: name of the solver that made it.
+        status: ``"optimal"``, ``"feasible"`` (stopped early, see `gap`), ``"heuristic"``.
+        recomputed_tag_targets: the tag targets to tag, sorted (what the transform applies).
+        recompute_ops: every final forward op recomputed in the backward, in forward order.
+        decisions: one per needed forward tensor, in the order they are first needed.
+        saved_names: tensors saved for backward (inputs and parameters excluded), in order.
+        saved_bytes: distinct storage bytes of `saved_names` (views of inputs cost nothing).
+        peak_bytes: simulated peak of one step (`simulate_step`), parameters included.
+        extra_time_s: summed time of `recompute_ops`.
+        solve_time_s: wall time of the solver.
+        gap: relative optimality gap of `extra_time_s` (0.0 proven optimal, None unknown).
+        budget_bytes: the saved-bytes budget it was solved for, if any.
+        peak_budget_bytes: the peak budget it was solved for, if any.
+        notes: solver remarks (ties across repeated blocks, fallbacks, ...).
+    """
+
+    solver: str
+    status: str
+    recomputed_tag_targets: tuple[str, ...]
+    recompute_ops: tuple[str, ...]
+    decisions: tuple[TensorDecision, ...]
+    saved_names: tuple[str, ...]
+    saved_bytes: int
+    peak_bytes: int
+    extra_time_s: float
+    solve_time_s: float
+    gap: float | None = None
+    budget_bytes: int | None = None
+    peak_budget_bytes: int | None = None
+    notes: tuple[str, ...] = ()
+
+    def summary(self) -> str:
+        """One line: solver, status, saved and peak bytes, extra time."""
+        gap = "" if self.gap is None else f", gap {self.gap:.2%}"
+        return (
+            f"{self.solver} ({self.status}{gap}): saved {self.saved_bytes / 2**20:.2f} MiB, "
+            f"peak {self.peak_bytes / 2**20:.2f} MiB, +{self.extra_time_s * 1e3:.3f} ms recompute, "
+            f"{len(self.recomputed_tag_targets)} tag targets, solved in {self.solve_time_s:.3f} s"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Derivation from the graph (independent of the solvers)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Derivation:
+    """What a set of tag targets implies, derived from the graph alone.
+
+    Attributes:
+        tag_targets: the fixpoint of tag targets (a recomputed op recomputes all its outputs).
+        recomputed_ops: names of every forward op the tags recompute (demanded or not).
+        demanded_ops: the recomputed ops the backward actually runs, in forward order.
+        needed: needed forward tensors, in the order first needed.
+        saved: needed tensors that are saved (not inputs, not recomputed), in that order.
+        unavailable: needed tensors that are neither saved, recomputed nor inputs (a bug).
+    """
+
+    tag_targets: frozenset[str]
+    recomputed_ops: frozenset[str]
+    demanded_ops: tuple[str, ...]
+    needed: tuple[str, ...]
+    saved: tuple[str, ...]
+    unavailable: tuple[str, ...] = field(default=())
+
+
+def _tag_target_ops(graph: JointGraph) -> dict[str, list[OpNode]]:
+    by_target: dict[str, list[OpNode]] = {}
+    for op in graph.forward_ops:
+        for out in op.outputs:
+            origin = graph.origins.get(out)
+            if origin is not None and origin.tag_target is not None:
+                by_target.setdefault(origin.tag_target, []).append(op)
+    return by_target
+
+
+def recomputed_op_closure(graph: JointGraph, tag_targets: Iterable[str]) -> tuple[frozenset[str], frozenset[str]]:
+    """Tag targets and forward op names that tagging `tag_targets` recomputes (a fixpoint)."""
+    by_target = _tag_target_ops(graph)
+    targets, ops, todo = set(), set(), list(tag_targets)
+    while todo:
+        target = todo.pop()
+        if target in targets:
+            continue
+        targets.add(target)
+        for op in by_target.get(target, ()):
+            if op.name in ops:
+                continue
+            ops.add(op.name)
+            todo.extend(o.tag_target for o in map(graph.origins.get, op.outputs) if o and o.tag_target)
+    return frozenset(targets), frozenset(ops)
+
+
+def derive(graph: JointGraph, tag_targets: Iterable[str]) -> Derivation:
+    """Walks the backward's demand from `graph.saved` through the recomputed ops."""
+    targets, recomputed = recomputed_op_closure(graph, tag_targets)
+    producers, inputs = graph.producers, set(graph.input_names)
+    needed, seen, demanded, saved, unavailable = [], set(), set(), [], []
+    todo = list(reversed(graph.saved_names))
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        needed.append(name)
+        op = producers.get(name)
+        if name in inputs:
+            continue
+        if op is None or op.is_backward:
+            unavailable.append(name)
+        elif op.name in recomputed:
+            demanded.add(op.name)
+            todo.extend(reversed(op.inputs))
+        else:
+            saved.append(name)
+    order = [op.name for op in graph.forward_ops if op.name in demanded]
+    return Derivation(targets, recomputed, tuple(order), tuple(needed), tuple(saved), tuple(unavailable))
+
+
+def storage_bytes_of(graph: JointGraph, names: Iterable[str]) -> int:
+    """Distinct storage bytes of `names`, storages of inputs and parameters excluded."""
+    storages = {graph.tensors[n].storage for n in names}
+    return sum(graph.tensors[s].storage_bytes for s in storages if graph.tensors[s].kind != "input")
+
+
+# --------------------------------------------------------------------------------------------
+# Peak simulation
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PeakTimeline:
+    """Live bytes of one step after each op's outputs are allocated.
+
+    Attributes:
+        baseline_bytes: inputs and parameters (always alive).
+        labels: per event, the op name (recomputed ops as ``"recompute:fwdN"``) or
+            ``"backward start"`` (saved tensors and cotangents only).
+        live_bytes: per event, total live bytes (baseline included).
+        peak_bytes: the maximum of `live_bytes` (the baseline when there are no events).
+        peak_index: index of the first event reaching it.
+    """
+
+    baseline_bytes: int
+    labels: tuple[str, ...]
+    live_bytes: tuple[int, ...]
+    peak_bytes: int
+    peak_index: int
+
+    @property
+    def peak_label(self) -> str:
+        return self.labels[self.peak_index] if self.labels else ""
+
+
+class _Live:
+    """Reference-counted live storages: a storage key costs its bytes while any tensor holds it."""
+
+    def __init__(self, baseline_bytes: int):
+        self.key_of: dict[str, str] = {}
+        self.refs: dict[str, int] = {}
+        self.bytes_of: dict[str, int] = {}
+        self.total = baseline_bytes
+
+    def add(self, tensor: str, key: str, nbytes: int) -> None:
+        if tensor in self.key_of:
+            self.remove(tensor)
+        self.key_of[tensor] = key
+        if self.refs.get(key, 0) == 0:
+            self.total += nbytes
+            self.bytes_of[key] = nbytes
+        self.refs[key] = self.refs.get(key, 0) + 1
+
+    def remove(self, tensor: str) -> None:
+        key = self.key_of.pop(tensor, None)
+        if key is None:
+            return
+        self.refs[key] -= 1
+        if self.refs[key] == 0:
+            self.total -= self.bytes_of.pop(key)
+
+
+def _forward_last_use(graph: JointGraph) -> dict[str, int]:
+    last: dict[str, int] = {}
+    for i, op in enumerate(graph.forward_ops):
+        for name in (*op.outputs, *op.inputs):
+            last[name] = i
+    return last
+
+
+def _simulate_forward(graph: JointGraph, saved: set[str], live: _Live, events: list) -> None:
+    """Forward liveness: free after the last forward use unless saved; outputs to the end."""
+    tensors, keep = graph.tensors, saved | set(graph.forward_output_names)
+    last = _forward_last_use(graph)
+    for i, op in enumerate(graph.forward_ops):
+        for out in op.outputs:
+            storage = tensors[out].storage
+            if tensors[storage].kind != "input":
+                live.add(out, storage, tensors[storage].storage_bytes)
+        events.append((op.name, live.total))
+        for name in dict.fromkeys((*op.inputs, *op.outputs)):
+            if last[name] == i and name not in keep:
+                live.remove(name)
+    for name in graph.forward_output_names:
+        if name not in saved:
+            live.remove(name)
+
+
+def _backward_schedule(graph: JointGraph, demanded: Iterable[str]) -> list[tuple[OpNode, bool]]:
+    """Backward ops with demanded recomputed ops inserted right before their first consumer."""
+    by_name = {op.name: op for op in graph.forward_ops}
+    rec_producer = {out: by_name[n] for n in demanded for out in by_name[n].outputs}
+    done: set[str] = set()
+    schedule: list[tuple[OpNode, bool]] = []
+
+    def emit(tensor: str) -> None:
+        op = rec_producer.get(tensor)
+        if op is None or op.name in done:
+            return
+        done.add(op.name)
+        for name in op.inputs:
+            emit(name)
+        schedule.append((op, True))
+
+    for op in graph.backward_ops:
+        for name in op.inputs:
+            emit(name)
+        schedule.append((op, False))
+    return schedule
+
+
+def _backward_key(graph: JointGraph, tensor: str, op: OpNode, recompute: bool, keys: dict[str, str]) -> str:
+    """Storage key of a tensor written in the backward: fresh, or its aliased input's key."""
+    storage = graph.tensors[tensor].storage
+    if storage != tensor:
+        for name in op.inputs:
+            if graph.tensors[name].storage == storage and name in keys:
+                return keys[name]
+    return f"{tensor}@recompute" if recompute else tensor
+
+
+def _simulate_backward(graph: JointGraph, derivation: Derivation, live: _Live, events: list) -> None:
+    tensors = graph.tensors
+    schedule = _backward_schedule(graph, derivation.demanded_ops)
+    last: dict[str, int] = {}
+    for k, (op, _) in enumerate(schedule):
+        for name in op.inputs:
+            last[name] = k
+    keys = {name: tensors[name].storage for name in derivation.saved}
+    for name in {n for op in graph.backward_ops for n in op.inputs if tensors[n].kind == "cotangent"}:
+        keys[name] = tensors[name].storage
+        live.add(name, keys[name], tensors[keys[name]].storage_bytes)
+    events.append(("backward start", live.total))
+    for name in derivation.saved:
+        if name not in last:
+            live.remove(name)
+    for k, (op, recompute) in enumerate(schedule):
+        for out in op.outputs:
+            if tensors[tensors[out].storage].kind == "input":
+                continue
+            keys[out] = _backward_key(graph, out, op, recompute, keys)
+            live.add(out, keys[out], tensors[tensors[out].storage].storage_bytes)
+        events.append((f"recompute:{op.name}" if recompute else op.name, live.total))
+        for name in dict.fromkeys((*op.inputs, *op.outputs)):
+            if last.get(name, k) == k and (name in last or recompute):
+                live.remove(name)
+
+
+def _tag_targets_of(plan_or_tag_targets: RematPlan | Iterable[str]) -> tuple[str, ...]:
+    if isinstance(plan_or_tag_targets, RematPlan):
+        return plan_or_tag_targets.recomputed_tag_targets
+    return tuple(plan_or_tag_targets)
+
+
+def simulate_step(graph: JointGraph, plan_or_tag_targets: RematPlan | Iterable[str] = ()) -> PeakTimeline:
+    """Simulates the live memory of one training step under a plan (see the module docstring).
+
+    Args:
+        graph: the joint graph.
+        plan_or_tag_targets: a `RematPlan`, or the tag targets to recompute (empty: save all).
+
+    Returns:
+        The `PeakTimeline`.
+    """
+    derivation = derive(graph, _tag_targets_of(plan_or_tag_targets))
+    if derivation.unavailable:
+        raise ValueError(f"needed tensors are neither saved, recomputed nor inputs: {derivation.unavailable}")
+    baseline = sum(t.storage_bytes for t in graph.tensors.values() if t.kind == "input" and t.storage == t.name)
+    live, events = _Live(baseline), []
+    _simulate_forward(graph, set(derivation.saved), live, events)
+    _simulate_backward(graph, derivation, live, events)
+    values = [v for _, v in events]
+    peak = max(values, default=baseline)
+    return PeakTimeline(
+        baseline_bytes=baseline,
+        labels=tuple(label for label, _ in events),
+        live_bytes=tuple(values),
+        peak_bytes=peak,
+        peak_index=values.index(peak) if values else 0,
+    )
+
+
+def simulate_peak_bytes(graph: JointGraph, plan_or_tag_targets: RematPlan | Iterable[str] = ()) -> int:
+    """Predicted peak bytes of one step under a plan or a set of recomputed tag targets."""
+    return simulate_step(graph, plan_or_tag_targets).peak_bytes
+
+
+# --------------------------------------------------------------------------------------------
+# Checker
+# --------------------------------------------------------------------------------------------
+
+
+def _check_allowed(graph: JointGraph, op_names: Iterable[str], pinned: frozenset[str]) -> list[str]:
+    """No random, pinned, non-taggable or forward-output-writing op may be recomputed."""
+    errors = []
+    by_name = {op.name: op for op in graph.forward_ops}
+    outputs = set(graph.forward_output_names)
+    for name in sorted(op_names, key=lambda n: by_name[n].index):
+        op = by_name[name]
+        if op.op_tags & {"random", "dont_recompute"}:
+            errors.append(f"op {name} ({op.symbol}) is {sorted(op.op_tags & {'random', 'dont_recompute'})}")
+        for out in op.outputs:
+            origin = graph.origins.get(out)
+            if out in outputs:
+                errors.append(f"op {name} writes forward output {out}: it cannot be recomputed")
+            elif origin is None or not origin.taggable:
+                errors.append(f"op {name} output {out} is not taggable ({origin.reason if origin else 'no origin'})")
+            elif origin.tag_target in pinned:
+                errors.append(f"op {name} output {out} has pinned tag target {origin.tag_target}")
+    return errors
+
+
+def _check_recompute_order(graph: JointGraph, plan: RematPlan, saved: set[str]) -> list[str]:
+    """Each recomputed op's inputs are saved, inputs, or recomputed earlier in `recompute_ops`."""
+    by_name = {op.name: op for op in graph.forward_ops}
+    available = set(graph.input_names) | saved
+    errors = []
+    for name in plan.recompute_ops:
+        op = by_name.get(name)
+        if op is None:
+            errors.append(f"recompute op {name} is not a forward op")
+            continue
+        missing = [i for i in op.inputs if i not in available]
+        if missing:
+            errors.append(f"recompute op {name} reads {missing}: neither saved nor recomputed before it")
+        available.update(op.outputs)
+    return errors
+
+
+def _check_decisions(graph: JointGraph, plan: RematPlan, derivation: Derivation) -> list[str]:
+    errors = []
+    by_name = {d.name: d for d in plan.decisions}
+    saved, inputs = set(derivation.saved), set(graph.input_names)
+    for name in derivation.needed:
+        want = INPUT if name in inputs else SAVE if name in saved else RECOMPUTE
+        got = by_name.get(name)
+        if got is None:
+            errors.append(f"needed tensor {name} has no decision (expected {want})")
+        elif got.action != want:
+            errors.append(f"tensor {name}: plan says {got.action}, the graph implies {want}")
+    extra = set(by_name) - set(derivation.needed)
+    if extra:
+        errors.append(f"decisions for tensors nothing needs: {sorted(extra)[:10]}")
+    return errors
+
+
+def _check_totals(graph, plan, derivation, op_time_s) -> list[str]:
+    errors = []
+    if set(plan.saved_names) != set(derivation.saved):
+        diff = set(plan.saved_names) ^ set(derivation.saved)
+        errors.append(f"saved_names differ from the graph's implied saved set on {sorted(diff)[:10]}")
+    saved_bytes = storage_bytes_of(graph, derivation.saved)
+    if plan.saved_bytes != saved_bytes:
+        errors.append(f"saved_bytes={plan.saved_bytes} but the saved storages hold {saved_bytes} bytes")
+    if tuple(plan.recompute_ops) != derivation.demanded_ops:
+        errors.append(f"recompute_ops {plan.recompute_ops[:8]}... differ from {derivation.demanded_ops[:8]}...")
+    if op_time_s is not None:
+        extra = sum(op_time_s[n] for n in derivation.demanded_ops)
+        if abs(extra - plan.extra_time_s) > 1e-9 * max(1.0, extra) + 1e-12:
+            errors.append(f"extra_time_s={plan.extra_time_s} but the recomputed ops take {extra}")
+    return errors
+
+
+def check_plan(
+    graph: JointGraph,
+    plan: RematPlan,
+    *,
+    budget_bytes: int | None = None,
+    peak_budget_bytes: int | None = None,
+    pinned: Iterable[str] = (),
+    op_time_s: Mapping[str, float] | None = None,
+) -> list[str]:
+    """Checks a plan against the graph alone; an empty list means feasible and consistent.
+
+    Args:
+        graph: the joint graph the plan is for.
+        plan: the plan.
+        budget_bytes: bound on saved bytes (default: the plan's `budget_bytes`).
+        peak_budget_bytes: bound on the simulated peak (default: the plan's `peak_budget_bytes`).
+        pinned: tag targets the user forbids recomputing.
+        op_time_s: op times; when given, `extra_time_s` is checked too.
+
+    Returns:
+        One message per violation.
+    """
+    budget_bytes = plan.budget_bytes if budget_bytes is None else budget_bytes
+    peak_budget_bytes = plan.peak_budget_bytes if peak_budget_bytes is None else peak_budget_bytes
+    known = set(_tag_target_ops(graph))
+    errors = [f"tag target {t} names no forward op's output" for t in plan.recomputed_tag_targets if t not in known]
+    derivation = derive(graph, plan.recomputed_tag_targets)
+    if set(plan.recomputed_tag_targets) != derivation.tag_targets:
+        missing = sorted(derivation.tag_targets - set(plan.recomputed_tag_targets))
+        errors.append(f"recomputed_tag_targets not closed: recomputing them also recomputes {missing[:10]}")
+    errors += [f"needed tensor {n} is neither saved, recomputed nor an input" for n in derivation.unavailable]
+    errors += _check_allowed(graph, derivation.recomputed_ops, frozenset(pinned))
+    errors += _check_recompute_order(graph, plan, set(plan.saved_names))
+    errors += _check_decisions(graph, plan, derivation)
+    errors += _check_totals(graph, plan, derivation, op_time_s)
+    if budget_bytes is not None and plan.saved_bytes > budget_bytes:
+        errors.append(f"saved_bytes={plan.saved_bytes} > budget_bytes={budget_bytes}")
+    if not derivation.unavailable:
+        peak = simulate_peak_bytes(graph, plan.recomputed_tag_targets)
+        if peak != plan.peak_bytes:
+            errors.append(f"peak_bytes={plan.peak_bytes} but the simulated peak is {peak}")
+        if peak_budget_bytes is not None and peak > peak_budget_bytes:
+            errors.append(f"simulated peak {peak} > peak_budget_bytes={peak_budget_bytes}")
+    return errors

@@ -1,0 +1,521 @@
+"""The recompute decision problem over a `JointGraph`, as the solvers see it (no Thunder imports).
+
+The unit of decision is a **recompute unit**: the final forward ops that one
+``RECOMPUTE_IN_BACKWARD`` tag reaches. Every final forward op whose outputs carry a tag target
+belongs to that target's unit; an op whose outputs carry several tag targets (``split`` writing q,
+k and v; an SDPA op writing its output and logsumexp) joins their units, because Thunder recomputes
+a tagged op whole. A unit is *allowed* when every output is taggable, no op is random or marked
+``dont_recompute``, no output is a forward output, and none of its tag targets is pinned.
+
+Tagging a set R of units has Thunder's demand-driven effect: starting from the tensors the backward
+reads (`graph.saved`), a needed tensor written by an op of R makes that op run in the backward
+(*rerun*) and its inputs needed; any other needed forward tensor is saved; inputs and parameters
+are always alive. Saved bytes count distinct storages (views keep their base alive).
+
+`PeakModel` is a linear lower bound on the simulated step peak (`remat_opt.plan.simulate_step`)
+as a function of which storages are kept at the end of the forward; it is exact for the forward
+and for save-all, and omits only transients of recompute chains in the backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from remat_opt.graph import JointGraph, OpNode
+from remat_opt.plan import INPUT, RECOMPUTE, SAVE, RematPlan, TensorDecision, simulate_step
+
+REASON_NOT_TAGGABLE = "an output is not taggable"
+REASON_RANDOM_OP = "random op: recomputing would draw new numbers"
+REASON_DONT_RECOMPUTE = "op marked dont_recompute"
+REASON_FORWARD_OUTPUT = "writes a forward output"
+REASON_PINNED = "pinned by the user"
+
+
+@dataclass(frozen=True, slots=True)
+class RecomputeUnit:
+    """The ops one tag recomputes.
+
+    Attributes:
+        name: its first tag target (or ``"op:<op name>"`` when its outputs have none).
+        tag_targets: every tag target of its outputs, sorted.
+        ops: its final forward ops, in forward order.
+        outputs: tensors its ops write.
+        inputs: forward tensors its ops read that it does not write (graph inputs excluded).
+        time_s: time of running all its ops once.
+        allowed: whether it may be recomputed.
+        reason: why not (empty when allowed).
+    """
+
+    name: str
+    tag_targets: tuple[str, ...]
+    ops: tuple[str, ...]
+    outputs: tuple[str, ...]
+    inputs: tuple[str, ...]
+    time_s: float
+    allowed: bool
+    reason: str = ""
+
+
+def _union_find_groups(graph: JointGraph) -> list[list[OpNode]]:
+    """Forward ops grouped by shared tag targets (connected components), in forward order."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for op in graph.forward_ops:
+        for out in op.outputs:
+            origin = graph.origins.get(out)
+            target = origin.tag_target if origin is not None and origin.tag_target else f"op:{op.name}"
+            parent[find(f"target:{target}")] = find(f"op:{op.name}")
+        find(f"op:{op.name}")
+    groups: dict[str, list[OpNode]] = {}
+    for op in graph.forward_ops:
+        groups.setdefault(find(f"op:{op.name}"), []).append(op)
+    return list(groups.values())
+
+
+def _disallow_reason(graph: JointGraph, ops: list[OpNode], pinned: frozenset[str]) -> str:
+    outputs = set(graph.forward_output_names)
+    for op in ops:
+        if "random" in op.op_tags:
+            return REASON_RANDOM_OP
+        if "dont_recompute" in op.op_tags:
+            return REASON_DONT_RECOMPUTE
+        for out in op.outputs:
+            origin = graph.origins.get(out)
+            if out in outputs:
+                return REASON_FORWARD_OUTPUT
+            if origin is None or not origin.taggable or origin.tag_target is None:
+                return f"{REASON_NOT_TAGGABLE}: {out} ({origin.reason if origin else 'no origin'})"
+            if origin.tag_target in pinned:
+                return f"{REASON_PINNED}: {origin.tag_target}"
+    return ""
+
+
+def _make_unit(graph: JointGraph, ops: list[OpNode], op_time_s, pinned: frozenset[str]) -> RecomputeUnit:
+    outputs = tuple(dict.fromkeys(o for op in ops for o in op.outputs))
+    written, graph_inputs = set(outputs), set(graph.input_names)
+    inputs = tuple(dict.fromkeys(i for op in ops for i in op.inputs if i not in written and i not in graph_inputs))
+    targets = sorted({graph.origins[o].tag_target for o in outputs if o in graph.origins and graph.origins[o].tag_target})
+    first = graph.origins.get(ops[0].outputs[0]) if ops[0].outputs else None
+    name = first.tag_target if first is not None and first.tag_target else f"op:{ops[0].name}"
+    reason = _disallow_reason(graph, ops, pinned)
+    time_s = sum(float(op_time_s[op.name]) for op in ops) if not reason else 0.0
+    return RecomputeUnit(
+        name=name,
+        tag_targets=tuple(targets),
+        ops=tuple(op.name for op in ops),
+        outputs=outputs,
+        inputs=inputs,
+        time_s=time_s,
+        allowed=not reason,
+        reason=reason,
+    )
+
+
+@dataclass(frozen=True)
+class RecomputeProblem:
+    """Units, needs and costs of one joint graph; build with `RecomputeProblem.from_graph`.
+
+    Attributes:
+        graph: the joint graph.
+        units: recompute units by name, in forward order.
+        op_time_s: op name -> seconds (needed for every op of an allowed unit).
+        pinned: tag targets that must not be recomputed.
+    """
+
+    graph: JointGraph
+    units: dict[str, RecomputeUnit]
+    op_time_s: Mapping[str, float]
+    pinned: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_graph(
+        cls, graph: JointGraph, op_time_s: Mapping[str, float], pinned: Iterable[str] = ()
+    ) -> RecomputeProblem:
+        """Builds the units of `graph`.
+
+        Args:
+            graph: the joint graph.
+            op_time_s: seconds per final forward op name (backward ops are not needed).
+            pinned: tag targets the user forbids recomputing.
+
+        Raises:
+            KeyError: an op of an allowed unit has no time.
+        """
+        pinned = frozenset(pinned)
+        missing = [op.name for op in graph.forward_ops if op.name not in op_time_s]
+        units = {}
+        for ops in _union_find_groups(graph):
+            unit = _make_unit(graph, ops, {**{m: 0.0 for m in missing}, **op_time_s}, pinned)
+            if unit.allowed and any(op in missing for op in unit.ops):
+                raise KeyError(f"op_time_s has no time for ops {[o for o in unit.ops if o in missing]}")
+            units[unit.name] = unit
+        return cls(graph=graph, units=units, op_time_s=dict(op_time_s), pinned=pinned)
+
+    # ---- derived views -------------------------------------------------------------------
+
+    @cached_property
+    def unit_of_op(self) -> dict[str, str]:
+        return {op: unit.name for unit in self.units.values() for op in unit.ops}
+
+    @cached_property
+    def unit_of_tensor(self) -> dict[str, str]:
+        """Forward tensor -> the unit writing it."""
+        return {t: unit.name for unit in self.units.values() for t in unit.outputs}
+
+    @cached_property
+    def ops_by_name(self) -> dict[str, OpNode]:
+        return {op.name: op for op in self.graph.forward_ops}
+
+    @cached_property
+    def needed_by_backward(self) -> tuple[str, ...]:
+        """Forward tensors the backward reads (graph inputs excluded), in saved order."""
+        inputs = set(self.graph.input_names)
+        return tuple(dict.fromkeys(n for n in self.graph.saved_names if n not in inputs))
+
+    @cached_property
+    def allowed_units(self) -> tuple[str, ...]:
+        return tuple(name for name, unit in self.units.items() if unit.allowed)
+
+    def storage_of(self, tensor: str) -> str | None:
+        """The storage a saved `tensor` keeps alive, or None when it is an input's (free)."""
+        storage = self.graph.tensors[tensor].storage
+        return None if self.graph.tensors[storage].kind == "input" else storage
+
+    def storage_bytes(self, storage: str) -> int:
+        return self.graph.tensors[storage].storage_bytes
+
+    # ---- evaluating a set of recomputed units --------------------------------------------
+
+    def demand(self, units: Iterable[str]) -> tuple[list[str], list[str], list[str]]:
+        """Needed tensors, saved tensors and rerun ops when `units` are tagged (demand-driven).
+
+        Returns:
+            ``(needed, saved, rerun_ops)``: needed tensors in first-needed order, the saved ones
+            among them in that order, and the ops run in the backward, in forward order.
+        """
+        tagged, inputs = set(units), set(self.graph.input_names)
+        producers = self.graph.producers
+        needed, seen, saved, rerun = [], set(), [], set()
+        stack = list(reversed(self.graph.saved_names))
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            needed.append(name)
+            if name in inputs:
+                continue
+            op = producers[name]
+            if self.unit_of_op[op.name] in tagged:
+                rerun.add(op.name)
+                stack.extend(reversed(op.inputs))
+            else:
+                saved.append(name)
+        order = [op.name for op in self.graph.forward_ops if op.name in rerun]
+        return needed, saved, order
+
+    def saved_bytes(self, units: Iterable[str]) -> int:
+        """Distinct non-input storage bytes saved when `units` are tagged."""
+        _, saved, _ = self.demand(units)
+        storages = {self.storage_of(t) for t in saved} - {None}
+        return sum(self.storage_bytes(s) for s in storages)
+
+    def extra_time_s(self, units: Iterable[str]) -> float:
+        """Seconds of the ops rerun in the backward when `units` are tagged."""
+        _, _, rerun = self.demand(units)
+        return sum(float(self.op_time_s[op]) for op in rerun)
+
+    def effective_units(self, units: Iterable[str]) -> tuple[str, ...]:
+        """The units among `units` that rerun at least one op, in forward order."""
+        _, _, rerun = self.demand(units)
+        used = {self.unit_of_op[op] for op in rerun}
+        return tuple(u for u in self.units if u in used)
+
+    def check_allowed(self, units: Iterable[str]) -> None:
+        bad = [f"{u} ({self.units[u].reason})" for u in units if not self.units[u].allowed]
+        if bad:
+            raise ValueError(f"units may not be recomputed: {bad}")
+
+    # ---- plans --------------------------------------------------------------------------
+
+    def _decisions(self, needed: list[str], saved: list[str], rerun: list[str]) -> tuple[TensorDecision, ...]:
+        saved_set, inputs, rerun_set = set(saved), set(self.graph.input_names), set(rerun)
+        chains: dict[str, frozenset[str]] = {}
+
+        def chain(name: str) -> frozenset[str]:
+            # The rerun ops that rebuild `name` (memoized; recursion depth is the chain length).
+            op = self.graph.producers.get(name)
+            if name in inputs or name in saved_set or op is None or op.name not in rerun_set:
+                return frozenset()
+            if name not in chains:
+                chains[name] = frozenset({op.name}).union(*(chain(i) for i in op.inputs))
+            return chains[name]
+
+        index = {op: i for i, op in enumerate(rerun)}
+        decisions = []
+        for name in needed:
+            tensor = self.graph.tensors[name]
+            action = INPUT if name in inputs else SAVE if name in saved_set else RECOMPUTE
+            origin = self.graph.origins.get(name)
+            decisions.append(
+                TensorDecision(
+                    name=name,
+                    action=action,
+                    storage=tensor.storage,
+                    storage_bytes=0 if self.storage_of(name) is None else tensor.storage_bytes,
+                    tag_target=origin.tag_target if origin is not None else None,
+                    recompute_ops=tuple(sorted(chain(name), key=index.__getitem__)) if action == RECOMPUTE else (),
+                )
+            )
+        return tuple(decisions)
+
+    def plan_for(
+        self,
+        units: Iterable[str],
+        *,
+        solver: str,
+        status: str,
+        solve_time_s: float,
+        gap: float | None = None,
+        budget_bytes: int | None = None,
+        peak_budget_bytes: int | None = None,
+        notes: Iterable[str] = (),
+    ) -> RematPlan:
+        """The `RematPlan` for tagging `units` (units that rerun nothing are dropped)."""
+        units = self.effective_units(units)
+        self.check_allowed(units)
+        needed, saved, rerun = self.demand(units)
+        targets = sorted({t for u in units for t in self.units[u].tag_targets})
+        return RematPlan(
+            solver=solver,
+            status=status,
+            recomputed_tag_targets=tuple(targets),
+            recompute_ops=tuple(rerun),
+            decisions=self._decisions(needed, saved, rerun),
+            saved_names=tuple(saved),
+            saved_bytes=self.saved_bytes(units),
+            peak_bytes=simulate_step(self.graph, targets).peak_bytes,
+            extra_time_s=sum(float(self.op_time_s[op]) for op in rerun),
+            solve_time_s=solve_time_s,
+            gap=gap,
+            budget_bytes=budget_bytes,
+            peak_budget_bytes=peak_budget_bytes,
+            notes=tuple(notes),
+        )
+
+    @cached_property
+    def peak_model(self) -> PeakModel:
+        return PeakModel.from_graph(self.graph)
+
+
+# --------------------------------------------------------------------------------------------
+# Linear lower bound on the step peak
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeakModel:
+    """Live bytes at each step event, as a function of which tensors are saved.
+
+    Events e: forward op i is ``i``, the backward start is ``F``, backward op j is ``F + 1 + j``.
+    ``live(e) = const[e] + sum over storages s of bytes[s] * [some saved alias a of s has
+    lo[s] <= e <= hi[a]] * [e not in covered[s]]``: a saved alias keeps its storage alive from the
+    end of its forward life (`lo`) to its last backward read (`hi`); `covered` are the backward
+    events where some alias is alive whatever is decided (it is read then), already in `const`,
+    with transients, the backward's own tensors, cotangents and parameters. Exact for save-all
+    and for the forward; a lower bound otherwise (it omits recompute-chain transients).
+
+    Attributes:
+        const: bytes alive at each event whatever is saved.
+        labels: event names (op names, ``"backward start"``).
+        storage_lo: per non-input forward storage, the first event it is alive only if saved.
+        alias_hi: per forward tensor with such a storage, the last event its saving keeps it alive.
+        covered: per storage, merged ``(first, last)`` backward event spans counted in `const`.
+        aliases: per storage, its forward tensors.
+        nbytes: per storage, its bytes.
+    """
+
+    const: np.ndarray
+    labels: tuple[str, ...]
+    storage_lo: dict[str, int]
+    alias_hi: dict[str, int]
+    covered: dict[str, list[tuple[int, int]]]
+    aliases: dict[str, list[str]]
+    nbytes: dict[str, int]
+
+    @classmethod
+    def from_graph(cls, graph: JointGraph) -> PeakModel:
+        """Builds the intervals by a liveness pass over the forward and the save-all backward."""
+        tensors, n_fwd = graph.tensors, len(graph.forward_ops)
+        n_events = n_fwd + 1 + len(graph.backward_ops)
+        first, last_fwd = _forward_storage_spans(graph)
+        reads, covered, const_spans = _backward_spans(graph, n_fwd)
+        diff = np.zeros(n_events + 1, dtype=np.int64)
+        for storage in first:
+            _add_span(diff, first[storage], last_fwd[storage], tensors[storage].storage_bytes)
+            for start, end in covered.get(storage, ()):
+                _add_span(diff, start, end, tensors[storage].storage_bytes)
+        for start, end, nbytes in const_spans:
+            _add_span(diff, start, end, nbytes)
+        baseline = sum(t.storage_bytes for t in tensors.values() if t.kind == "input" and t.storage == t.name)
+        aliases: dict[str, list[str]] = {}
+        for op in graph.forward_ops:
+            for out in op.outputs:
+                if tensors[out].storage in first:
+                    aliases.setdefault(tensors[out].storage, []).append(out)
+        return cls(
+            const=np.cumsum(diff)[:-1] + baseline,
+            labels=tuple(op.name for op in graph.forward_ops) + ("backward start",) + tuple(op.name for op in graph.backward_ops),
+            storage_lo={s: last_fwd[s] + 1 for s in first},
+            alias_hi={a: n_fwd + 1 + reads[a] if a in reads else n_fwd for s in aliases for a in aliases[s]},
+            covered=covered,
+            aliases=aliases,
+            nbytes={s: tensors[s].storage_bytes for s in first},
+        )
+
+    def _uncovered(self, storage: str, lo: int, hi: int) -> list[tuple[int, int]]:
+        pieces, start = [], lo
+        for first, last in self.covered.get(storage, ()):
+            if last < start or first > hi:
+                continue
+            if first > start:
+                pieces.append((start, first - 1))
+            start = max(start, last + 1)
+        if start <= hi:
+            pieces.append((start, hi))
+        return pieces
+
+    def live_bytes(self, saved: Iterable[str]) -> np.ndarray:
+        """Lower bound on live bytes at every event when the tensors `saved` are saved."""
+        hi: dict[str, int] = {}
+        for a in saved:
+            storage = self._storage_of_alias.get(a)
+            if storage is not None:
+                hi[storage] = max(hi.get(storage, -1), self.alias_hi[a])
+        diff = np.zeros(len(self.const) + 1, dtype=np.int64)
+        for storage, last in hi.items():
+            for start, end in self._uncovered(storage, self.storage_lo[storage], last):
+                _add_span(diff, start, end, self.nbytes[storage])
+        return self.const + np.cumsum(diff)[:-1]
+
+    def row(self, event: int) -> tuple[int, dict[str, tuple[int, tuple[str, ...]]]]:
+        """``(const, {storage: (bytes, aliases)})`` at one event: the storage is alive then iff one
+        of `aliases` is saved."""
+        row = {}
+        for storage, lo in self.storage_lo.items():
+            if lo > event or any(first <= event <= last for first, last in self.covered.get(storage, ())):
+                continue
+            keeping = tuple(a for a in self.aliases[storage] if self.alias_hi[a] >= event)
+            if keeping:
+                row[storage] = (self.nbytes[storage], keeping)
+        return int(self.const[event]), row
+
+    @cached_property
+    def _storage_of_alias(self) -> dict[str, str]:
+        return {a: s for s, names in self.aliases.items() for a in names}
+
+
+def _add_span(diff: np.ndarray, start: int, end: int, nbytes: int) -> None:
+    if end >= start:
+        diff[start] += nbytes
+        diff[end + 1] -= nbytes
+
+
+def _forward_storage_spans(graph: JointGraph) -> tuple[dict[str, int], dict[str, int]]:
+    """Per non-input forward storage: first forward event alive, last forward event alive unsaved."""
+    tensors, n_fwd = graph.tensors, len(graph.forward_ops)
+    outputs = set(graph.forward_output_names)
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for i, op in enumerate(graph.forward_ops):
+        for name in op.inputs:
+            storage = tensors[name].storage
+            if storage in first:
+                last[storage] = max(last[storage], i)
+        for name in op.outputs:
+            storage = tensors[name].storage
+            if tensors[storage].kind == "input":
+                continue
+            first.setdefault(storage, i)
+            last[storage] = max(last.get(storage, i), n_fwd - 1 if name in outputs else i)
+    return first, last
+
+
+def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _backward_spans(graph: JointGraph, n_fwd: int):
+    """Backward liveness that holds whatever is decided.
+
+    Returns:
+        ``(last_read, covered, const_spans)``: last backward op reading each forward tensor;
+        per forward storage, merged event spans where one of its tensors is alive because it is
+        read (a forward tensor from first to last read; a backward view of it from its birth to
+        its last read, or to the end if unread); and ``(start, end, bytes)`` spans of cotangents
+        and of storages the backward allocates.
+    """
+    tensors, end = graph.tensors, len(graph.backward_ops) - 1
+    forward_storage = {tensors[o].storage for op in graph.forward_ops for o in op.outputs}
+    forward_storage -= {s for s in forward_storage if tensors[s].kind == "input"}
+    first_read: dict[str, int] = {}
+    last_read: dict[str, int] = {}
+    born: dict[str, int] = {}
+    for j, op in enumerate(graph.backward_ops):
+        for name in op.inputs:
+            first_read.setdefault(name, j)
+            last_read[name] = j
+        for name in op.outputs:
+            born.setdefault(name, j)
+    for name in born:  # unread backward tensors (gradients) live to the end
+        last_read.setdefault(name, end)
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for name, last in last_read.items():
+        storage = tensors[name].storage
+        start = born.get(name, first_read.get(name, last))
+        if tensors[storage].kind == "cotangent":  # cotangents arrive at the backward start
+            start = -1
+        spans.setdefault(storage, []).append((n_fwd + 1 + start, n_fwd + 1 + last))
+    covered = {s: _merge(v) for s, v in spans.items() if s in forward_storage}
+    const_spans = [
+        (start, stop, tensors[s].storage_bytes)
+        for s, v in spans.items()
+        if s not in forward_storage and tensors[s].kind != "input"
+        for start, stop in _merge(v)
+    ]
+    forward_reads = {n: j for n, j in last_read.items() if n not in born and tensors[n].kind != "cotangent"}
+    return forward_reads, covered, const_spans
+
+
+# --------------------------------------------------------------------------------------------
+# A stand-in for the cost model
+# --------------------------------------------------------------------------------------------
+
+
+def proxy_op_time_s(graph: JointGraph, *, bytes_per_s: float = 1e10, overhead_s: float = 5e-6) -> dict[str, float]:
+    """FLOP-free op times for tests and examples: bytes written / `bytes_per_s` + `overhead_s`.
+
+    Views write nothing new (their output storage is an input's), so they cost only the overhead.
+    This is not a cost model; use ``costmodels`` for real plans.
+    """
+    times = {}
+    for op in graph.forward_ops:
+        fresh = [o for o in op.outputs if graph.tensors[o].storage == o]
+        times[op.name] = sum(graph.tensors[o].nbytes for o in fresh) / bytes_per_s + overhead_s
+    return times

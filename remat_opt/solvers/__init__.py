@@ -1,0 +1,40 @@
+"""Solvers: pure functions over a `RecomputeProblem`, one signature, one result type.
+
+    solve_x(problem, *, budget_bytes=None, peak_budget_bytes=None, options=XOptions()) -> RematPlan
+
+Every plan returned has passed the independent `remat_opt.plan.check_plan`. Pick a solver by
+name through `SOLVERS` (baselines included, so each solver has a reference).
+"""
+
+from __future__ import annotations
+
+from remat_opt.solvers._common import InfeasibleBudgetError, PlanCheckError
+from remat_opt.solvers.baselines import BaselineOptions, solve_recompute_all, solve_save_all
+from remat_opt.solvers.ilp import ILPOptions, minimum_peak_bytes, minimum_saved_bytes, solve_ilp
+from remat_opt.solvers.mincut import MinCutOptions, mincut_sweep, solve_mincut
+from remat_opt.solvers.pareto import ParetoPoint, pareto
+
+SOLVERS = {
+    "mincut": solve_mincut,
+    "ilp": solve_ilp,
+    "save_all": solve_save_all,
+    "recompute_all": solve_recompute_all,
+}
+
+__all__ = [
+    "SOLVERS",
+    "BaselineOptions",
+    "ILPOptions",
+    "InfeasibleBudgetError",
+    "MinCutOptions",
+    "ParetoPoint",
+    "PlanCheckError",
+    "mincut_sweep",
+    "minimum_peak_bytes",
+    "minimum_saved_bytes",
+    "pareto",
+    "solve_ilp",
+    "solve_mincut",
+    "solve_recompute_all",
+    "solve_save_all",
+]

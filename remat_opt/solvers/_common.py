@@ -1,0 +1,60 @@
+"""What every solver shares: the budget error, the final check, and budget bookkeeping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from remat_opt.plan import RematPlan, check_plan
+from remat_opt.problem import RecomputeProblem
+
+
+class InfeasibleBudgetError(ValueError):
+    """No plan meets the budget; the message names the smallest feasible budget.
+
+    Attributes:
+        kind: ``"budget_bytes"`` (saved bytes) or ``"peak_budget_bytes"``.
+        budget: the budget asked for.
+        minimum: the smallest budget a plan was found for.
+        lower_bound: a proven lower bound on the smallest feasible budget (equal to `minimum`
+            when it is exact).
+    """
+
+    def __init__(self, kind: str, budget: int, minimum: int, lower_bound: int | None = None, solver: str = ""):
+        self.kind, self.budget, self.minimum = kind, budget, minimum
+        self.lower_bound = minimum if lower_bound is None else lower_bound
+        where = f"{solver}: " if solver else ""
+        exact = "" if self.lower_bound >= minimum else f" (a proven lower bound is {self.lower_bound})"
+        super().__init__(f"{where}{kind}={budget} < minimum feasible {minimum}{exact}")
+
+
+class PlanCheckError(AssertionError):
+    """A solver produced a plan that the independent checker rejects (a solver bug)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    """The two budgets a solver may receive (None: unbounded)."""
+
+    saved_bytes: int | None = None
+    peak_bytes: int | None = None
+
+    def admits(self, saved_bytes: int, peak_bytes: int) -> bool:
+        return (self.saved_bytes is None or saved_bytes <= self.saved_bytes) and (
+            self.peak_bytes is None or peak_bytes <= self.peak_bytes
+        )
+
+
+def checked(problem: RecomputeProblem, plan: RematPlan) -> RematPlan:
+    """Returns `plan` after the independent checker accepted it; raises `PlanCheckError` otherwise."""
+    errors = check_plan(problem.graph, plan, pinned=problem.pinned, op_time_s=problem.op_time_s)
+    if errors:
+        raise PlanCheckError(f"{plan.solver} produced an invalid plan: " + "; ".join(errors[:8]))
+    return plan
+
+
+def raise_if_over(plan: RematPlan, budgets: Budgets, *, minimum_saved: int, minimum_peak: int) -> None:
+    """Raises `InfeasibleBudgetError` for a fixed-plan solver whose plan is over budget."""
+    if budgets.saved_bytes is not None and plan.saved_bytes > budgets.saved_bytes:
+        raise InfeasibleBudgetError("budget_bytes", budgets.saved_bytes, minimum_saved, solver=plan.solver)
+    if budgets.peak_bytes is not None and plan.peak_bytes > budgets.peak_bytes:
+        raise InfeasibleBudgetError("peak_budget_bytes", budgets.peak_bytes, minimum_peak, solver=plan.solver)

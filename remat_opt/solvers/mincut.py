@@ -1,0 +1,241 @@
+"""Global min-cut (networkx): least saved bytes plus recompute time priced in bytes (Lagrangian).
+
+The cut graph (node names from `cut_node`):
+
+* ``source`` is what the forward computed; ``sink`` is what the backward reads.
+* each forward tensor t is split into ``t:in -> t:out`` with capacity = bytes of its storage
+  (0 for views of inputs): cutting it means saving t;
+* each allowed unit U has a node with ``source -> U`` of capacity ``weight * time(U)``: U on the
+  sink side means U is recomputed, paying its time priced at `weight` bytes per second;
+* infinite edges, each with a ``reason``: ``t:out -> sink`` (the backward reads t),
+  ``x:out -> U`` (recomputing U reads x), ``U <-> y:in`` (a tag recomputes all of U's outputs) and
+  ``source -> y:in`` for outputs of units that may not be recomputed.
+
+Sweeping the weight from ~0 (least saved bytes) to large (save everything) traces a Pareto front
+of (saved bytes, recompute time); with a budget, the least-time plan of the sweep that meets it is
+returned (exactly evaluated: saved bytes by storage, simulated peak). Views aliasing one storage
+are priced once per view in the cut (an over-estimate the exact evaluation corrects).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import networkx as nx
+from networkx.algorithms.flow import boykov_kolmogorov
+
+from remat_opt.plan import RematPlan, simulate_peak_bytes
+from remat_opt.problem import RecomputeProblem
+from remat_opt.solvers._common import Budgets, InfeasibleBudgetError, checked
+from remat_opt.solvers.blocks import Ties, choose_ties
+
+SOURCE, SINK = "source", "sink"
+
+
+@dataclass(frozen=True, slots=True)
+class MinCutOptions:
+    """Options of `solve_mincut`.
+
+    Attributes:
+        weight_bytes_per_s: price of one second of recompute, in bytes. None: with a budget,
+            sweep; without, `default_weight` (the forward's bytes written per second).
+        n_weights: weights in a sweep (geometric grid, see `weight_grid`).
+        refine_steps: bisection steps between the best feasible weight and the next one.
+        tie_blocks: contract repeated blocks into one (True, False, None: when at least
+            `min_tied_blocks` repeat); merging nodes restricts the cut to block-uniform plans.
+        min_tied_blocks: fewest repetitions for automatic tying.
+    """
+
+    weight_bytes_per_s: float | None = None
+    n_weights: int = 12
+    refine_steps: int = 4
+    tie_blocks: bool | None = None
+    min_tied_blocks: int = 4
+
+
+def cut_node(name: str, side: str | None = None) -> str:
+    """Node name: ``f"{tensor}:in"``/``f"{tensor}:out"`` for a tensor side, ``f"unit:{name}"``."""
+    return f"unit:{name}" if side is None else f"{name}:{side}"
+
+
+def _add_edge(g: nx.DiGraph, u: str, v: str, *, capacity: int | None = None, reason: str | None = None) -> None:
+    """Adds an edge (capacity None: infinite, with a `reason`); parallel finite edges add up."""
+    if u == v:
+        return
+    if g.has_edge(u, v):
+        data = g.edges[u, v]
+        if capacity is None:
+            data.pop("capacity", None)
+            data.setdefault("reason", reason)
+        elif "capacity" in data:
+            data["capacity"] += capacity
+        return
+    if capacity is None:
+        g.add_edge(u, v, reason=reason)
+    else:
+        g.add_edge(u, v, capacity=capacity)
+
+
+def build_cut_graph(problem: RecomputeProblem, weight_bytes_per_s: float, ties: Ties = Ties()) -> nx.DiGraph:
+    """The flow network described in the module docstring; tied names share one node."""
+    tensor, unit_name = (lambda t: ties.of("tensor", t)), (lambda u: ties.of("unit", u))
+    g = nx.DiGraph()
+    for t in problem.unit_of_tensor:
+        storage = problem.storage_of(t)
+        capacity = problem.storage_bytes(storage) if storage else 0
+        _add_edge(g, cut_node(tensor(t), "in"), cut_node(tensor(t), "out"), capacity=capacity)
+    for t in problem.needed_by_backward:
+        _add_edge(g, cut_node(tensor(t), "out"), SINK, reason=f"the backward reads {t}")
+    for unit in problem.units.values():
+        if not unit.allowed:
+            for y in unit.outputs:
+                reason = f"{unit.name} may not be recomputed: {unit.reason}"
+                _add_edge(g, SOURCE, cut_node(tensor(y), "in"), reason=reason)
+            continue
+        node = cut_node(unit_name(unit.name))
+        _add_edge(g, SOURCE, node, capacity=round(weight_bytes_per_s * unit.time_s))
+        for x in unit.inputs:
+            _add_edge(g, cut_node(tensor(x), "out"), node, reason=f"recomputing {unit.name} reads {x}")
+        for y in unit.outputs:
+            _add_edge(g, node, cut_node(tensor(y), "in"), reason=f"{unit.name} writes {y}")
+            _add_edge(g, cut_node(tensor(y), "in"), node, reason=f"one tag recomputes all outputs of {unit.name}")
+    return g
+
+
+def _infinite_path(g: nx.DiGraph) -> str:
+    infinite = g.edge_subgraph((u, v) for u, v, d in g.edges(data=True) if "capacity" not in d)
+    path = nx.shortest_path(infinite, SOURCE, SINK)
+    return " -> ".join(f"{u}->{v} ({g.edges[u, v]['reason']})" for u, v in zip(path, path[1:]))
+
+
+def mincut_units(problem: RecomputeProblem, weight_bytes_per_s: float, ties: Ties = Ties()) -> tuple[str, ...]:
+    """Units on the sink side of a minimum cut at one weight (the units to recompute)."""
+    g = build_cut_graph(problem, weight_bytes_per_s, ties)
+    try:
+        _, (_, sink_side) = nx.minimum_cut(g, SOURCE, SINK, flow_func=boykov_kolmogorov)
+    except nx.NetworkXUnbounded as e:
+        raise ValueError(f"min-cut: an infinite path joins source and sink: {_infinite_path(g)}") from e
+    return tuple(u for u in problem.allowed_units if cut_node(ties.of("unit", u)) in sink_side)
+
+
+def default_weight(problem: RecomputeProblem) -> float:
+    """Bytes the forward writes per second of forward time: recompute what frees more than that."""
+    graph = problem.graph
+    written = sum(graph.tensors[o].nbytes for op in graph.forward_ops for o in op.outputs if graph.tensors[o].storage == o)
+    seconds = sum(problem.op_time_s.get(op.name, 0.0) for op in graph.forward_ops)
+    return written / seconds if seconds > 0 else 1.0
+
+
+def weight_grid(problem: RecomputeProblem, n_weights: int) -> list[float]:
+    """Geometric weights from 'recompute is nearly free' to 'recompute costs more than all bytes'."""
+    times = [problem.units[u].time_s for u in problem.allowed_units if problem.units[u].time_s > 0]
+    sizes = [problem.storage_bytes(s) for s in {problem.storage_of(t) for t in problem.unit_of_tensor} - {None}]
+    if not times or not sizes:
+        return [1.0]
+    low = max(min(s for s in sizes if s > 0) if any(sizes) else 1, 1) / sum(times)
+    high = max(sum(sizes), 1) / min(times)
+    if n_weights <= 1:
+        return [low]
+    ratio = (high / low) ** (1 / (n_weights - 1))
+    return [low * ratio**i for i in range(n_weights)]
+
+
+def mincut_sweep(problem: RecomputeProblem, n_weights: int = 12, ties: Ties = Ties()) -> list[tuple[float, tuple[str, ...]]]:
+    """``(weight, units)`` for each weight of `weight_grid`: a (saved bytes, time) Pareto front."""
+    return [(w, mincut_units(problem, w, ties)) for w in weight_grid(problem, n_weights)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    weight: float | None
+    units: tuple[str, ...]
+    saved_bytes: int
+    peak_bytes: int
+    extra_time_s: float
+
+
+def _evaluate(problem: RecomputeProblem, weight: float | None, units, with_peak: bool) -> _Candidate:
+    units = problem.effective_units(units)
+    targets = {t for u in units for t in problem.units[u].tag_targets}
+    return _Candidate(
+        weight=weight,
+        units=units,
+        saved_bytes=problem.saved_bytes(units),
+        peak_bytes=simulate_peak_bytes(problem.graph, targets) if with_peak else 0,
+        extra_time_s=problem.extra_time_s(units),
+    )
+
+
+def _best_within(problem, budgets: Budgets, options: MinCutOptions, ties: Ties) -> _Candidate:
+    """Least-time candidate of the sweep (plus save-all and recompute-all) within the budgets."""
+    with_peak = budgets.peak_bytes is not None
+    sweep = [_evaluate(problem, w, units, with_peak) for w, units in mincut_sweep(problem, options.n_weights, ties)]
+    candidates = sweep + [_evaluate(problem, None, (), with_peak), _evaluate(problem, None, problem.allowed_units, with_peak)]
+    feasible = [c for c in candidates if budgets.admits(c.saved_bytes, c.peak_bytes)]
+    if not feasible:
+        if budgets.saved_bytes is not None and all(c.saved_bytes > budgets.saved_bytes for c in candidates):
+            minimum = min(c.saved_bytes for c in candidates)
+            raise InfeasibleBudgetError("budget_bytes", budgets.saved_bytes, minimum, solver="mincut")
+        minimum = min(c.peak_bytes for c in candidates if budgets.saved_bytes is None or c.saved_bytes <= budgets.saved_bytes)
+        raise InfeasibleBudgetError("peak_budget_bytes", budgets.peak_bytes, minimum, solver="mincut")
+    best = min(feasible, key=lambda c: (c.extra_time_s, c.saved_bytes))
+    above = [c.weight for c in sweep if best.weight is not None and c.weight > best.weight and c not in feasible]
+    if best.weight is None or not above:
+        return best
+    low, high = best.weight, min(above)
+    for _ in range(options.refine_steps):
+        middle = math.sqrt(low * high)
+        candidate = _evaluate(problem, middle, mincut_units(problem, middle, ties), with_peak)
+        if budgets.admits(candidate.saved_bytes, candidate.peak_bytes):
+            best = min(best, candidate, key=lambda c: (c.extra_time_s, c.saved_bytes))
+            low = middle
+        else:
+            high = middle
+    return best
+
+
+def solve_mincut(
+    problem: RecomputeProblem,
+    *,
+    budget_bytes: int | None = None,
+    peak_budget_bytes: int | None = None,
+    options: MinCutOptions = MinCutOptions(),
+) -> RematPlan:
+    """Min-cut plan: at one weight, or the least-time plan of a weight sweep within the budgets.
+
+    Args:
+        problem: the recompute problem.
+        budget_bytes: bound on saved bytes.
+        peak_budget_bytes: bound on the simulated peak.
+        options: `MinCutOptions`.
+
+    Returns:
+        A checked `RematPlan` (status ``"heuristic"``).
+
+    Raises:
+        InfeasibleBudgetError: no plan of the sweep meets the budgets (names the least reached).
+    """
+    start = time.perf_counter()
+    budgets = Budgets(budget_bytes, peak_budget_bytes)
+    ties = choose_ties(problem, options.tie_blocks, options.min_tied_blocks)
+    if options.weight_bytes_per_s is not None or (budget_bytes is None and peak_budget_bytes is None):
+        weight = options.weight_bytes_per_s or default_weight(problem)
+        best = _evaluate(problem, weight, mincut_units(problem, weight, ties), peak_budget_bytes is not None)
+        if not budgets.admits(best.saved_bytes, best.peak_bytes):
+            kind, budget = ("budget_bytes", budget_bytes) if budget_bytes is not None else ("peak_budget_bytes", peak_budget_bytes)
+            minimum = best.saved_bytes if kind == "budget_bytes" else best.peak_bytes
+            raise InfeasibleBudgetError(kind, budget, minimum, solver=f"mincut at weight {weight:.3g} B/s")
+    else:
+        best = _best_within(problem, budgets, options, ties)
+    plan = problem.plan_for(
+        best.units,
+        solver="mincut",
+        status="heuristic",
+        solve_time_s=time.perf_counter() - start,
+        budget_bytes=budget_bytes,
+        peak_budget_bytes=peak_budget_bytes,
+        notes=(f"weight {best.weight:.4g} bytes/s" if best.weight else "baseline candidate",),
+    )
+    return checked(problem, plan)

@@ -1,0 +1,355 @@
+"""Per-op formulas, the registry, device specs, the roofline and the cost API (no compilation)."""
+
+from __future__ import annotations
+
+import remat_opt  # noqa: F401  (before anything imports thunder)
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from remat_opt.graph import JointGraph, OpNode, TensorNode
+
+from costmodels import formulas
+from costmodels.api import CostModel, coverage_report
+from costmodels.devices import GPU_SPECS, NOMINAL_CPU, get_device_spec, roofline_time_s, with_tf32
+from costmodels.formulas import OpArgs, OpCost, TensorMeta, causal_fraction, formula_cost, register_cost
+from costmodels.table import CostTable, TableEntry, op_key
+
+
+def _meta(*shape, dtype=torch.float32):
+    return torch.empty(shape, device="meta", dtype=dtype)
+
+
+def _torch_flops(fn) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def _args(symbol, inputs, outputs=(), attrs=(), dtype="float32"):
+    return OpArgs(
+        symbol=symbol,
+        inputs=tuple(TensorMeta.of(s, dtype) for s in inputs),
+        outputs=tuple(TensorMeta.of(s, dtype) for s in outputs),
+        attrs=tuple(attrs),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOPs equal torch.utils.flop_counter on the same shapes
+# ---------------------------------------------------------------------------------------------
+
+MATMUL_SHAPES = {
+    "mm": ((32, 64), (64, 48)),
+    "bmm_4d": ((2, 4, 32, 16), (2, 4, 16, 40)),
+    "broadcast_3d_2d": ((3, 32, 64), (64, 48)),
+    "broadcast_batch": ((1, 4, 32, 16), (3, 1, 16, 8)),
+}
+
+
+@pytest.mark.parametrize("a_shape,b_shape", MATMUL_SHAPES.values(), ids=MATMUL_SHAPES.keys())
+def test_matmul_flops_equal_flop_counter(a_shape, b_shape):
+    a, b = _meta(*a_shape), _meta(*b_shape)
+    out = torch.matmul(a, b)
+    cost = formula_cost(_args("matmul", (a_shape, b_shape), (out.shape,)))
+    assert cost.flops == _torch_flops(lambda: torch.matmul(a, b))
+    assert cost.matrix_flops == cost.flops and cost.vector_flops == 0
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+def test_linear_flops_equal_flop_counter(bias):
+    x, w = _meta(2, 32, 64), _meta(96, 64)
+    b = _meta(96) if bias else None
+    shapes = [(2, 32, 64), (96, 64)] + ([(96,)] if bias else [])
+    cost = formula_cost(_args("linear", shapes, [(2, 32, 96)]))
+    assert cost.flops == _torch_flops(lambda: F.linear(x, w, b)) == 2 * 64 * 64 * 96
+
+
+SDPA_SHAPES = {
+    "self": ((2, 4, 32, 16), (2, 4, 32, 16), (2, 4, 32, 16)),
+    "cross_q_shorter": ((2, 4, 24, 16), (2, 4, 40, 16), (2, 4, 40, 8)),
+}
+# Fused attention symbols -> position of their is_causal argument (attrs key "argN").
+FORWARD_SYMBOLS = {
+    "remat_sdpa_cpu_fwd": 4,
+    "cudnn_sdpa_fwd": 5,
+    "sdpaex_grad_forward_scaled_dot_product_efficient_attention": 5,
+    "sdpafx_grad_forward_scaled_dot_product_efficient_attention": 4,
+    "scaled_dot_product_attention": 5,
+}
+BACKWARD_SYMBOLS = {
+    "remat_sdpa_cpu_bwd": 7,
+    "cudnn_sdpa_bwd": 6,
+    "sdpaex_scaled_dot_product_efficient_attention_backward": 10,
+    "sdpafx_scaled_dot_product_efficient_attention_backward": 11,
+}
+
+
+@pytest.mark.parametrize("symbol", FORWARD_SYMBOLS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shapes", SDPA_SHAPES.values(), ids=SDPA_SHAPES.keys())
+def test_sdpa_forward_flops_equal_flop_counter(symbol, causal, shapes):
+    q, k, v = (_meta(*s, dtype=torch.float16) for s in shapes)
+    efficient_attention = torch.ops.aten._scaled_dot_product_efficient_attention
+    counted = _torch_flops(lambda: efficient_attention(q, k, v, None, True, 0.0, causal))
+    out_shape = shapes[0][:3] + (shapes[2][3],)
+    args = _args(symbol, shapes, [out_shape], [(f"arg{FORWARD_SYMBOLS[symbol]}", causal)], "float16")
+    cost = formula_cost(args)
+    # torch counts the full score matrix also for causal attention; so does `flops`.
+    assert cost.flops == counted
+    kept = causal_fraction(shapes[0][2], shapes[1][2]) if causal else 1.0
+    assert cost.matrix_flops == round(counted * kept)
+    assert formulas.sdpa_is_causal(args) is causal
+
+
+@pytest.mark.parametrize("symbol", BACKWARD_SYMBOLS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sdpa_backward_flops_equal_flop_counter(symbol, causal):
+    shape = (2, 4, 32, 16)
+    q, k, v, out, grad = (_meta(*shape, dtype=torch.float16) for _ in range(5))
+    lse = _meta(2, 4, 32)
+    seed = torch.empty((), dtype=torch.int64, device="meta")
+    counted = _torch_flops(
+        lambda: torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+            grad, q, k, v, None, out, lse, seed, seed, 0.0, [True, True, True, False], causal
+        )
+    )
+    args = _args(symbol, [shape] * 4, [shape] * 3, [(f"arg{BACKWARD_SYMBOLS[symbol]}", causal)], "float16")
+    assert formula_cost(args).flops == counted == 5 * 2 * 2 * 4 * 32 * 32 * 16
+
+
+def test_sdpa_grouped_query_attention_counts_query_heads():
+    q, kv = (1, 8, 32, 16), (1, 2, 32, 16)
+    tq, tkv = _meta(*q), _meta(*kv)
+    counted = _torch_flops(lambda: F.scaled_dot_product_attention(tq, tkv, tkv, enable_gqa=True))
+    assert formula_cost(_args("remat_sdpa_cpu_fwd", [q, kv, kv], [q])).flops == counted
+
+
+def test_flash_attention_3_layout_is_batch_seq_heads():
+    bshd = (2, 32, 4, 16)
+    bhsd = (2, 4, 32, 16)
+    fa3 = formula_cost(_args("fa3_fwd", [bshd] * 3, [bshd], [("arg3", True)]))
+    cpu = formula_cost(_args("remat_sdpa_cpu_fwd", [bhsd] * 3, [bhsd], [("arg4", True)]))
+    assert (fa3.flops, fa3.matrix_flops) == (cpu.flops, cpu.matrix_flops)
+
+
+@pytest.mark.parametrize(
+    "q_len,kv_len,expected",
+    [(1, 1, 1.0), (4, 4, 10 / 16), (2, 4, 3 / 8), (4, 2, 7 / 8), (4096, 4096, 4097 / 8192)],
+)
+def test_causal_fraction_counts_top_left_mask(q_len, kv_len, expected):
+    mask = torch.ones(q_len, kv_len).tril()
+    assert causal_fraction(q_len, kv_len) == pytest.approx(expected) == pytest.approx(mask.mean().item())
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry, families, fallback
+# ---------------------------------------------------------------------------------------------
+
+
+def test_registering_a_symbol_twice_raises():
+    with pytest.raises(ValueError, match="'matmul' already registered"):
+        register_cost("matmul")(lambda args: OpCost(flops=0, bytes_read=0, bytes_written=0))
+
+
+def test_fusion_regions_are_recognised_by_name():
+    assert formulas.is_fusion_symbol("nvFusion12") and formulas.is_fusion_symbol("TorchCompile0")
+    assert not formulas.is_fusion_symbol("nvFusion") and not formulas.is_fusion_symbol("TorchCompile_xentropy")
+    assert formulas.has_formula("nvFusion3")
+
+
+def test_unknown_symbol_gets_an_explicit_fallback():
+    args = _args("my_custom_op", [(4, 8)], [(4, 8)])
+    cost = formula_cost(args)
+    assert cost.formula == "fallback"
+    assert cost.flops == 32 and cost.bytes_read == cost.bytes_written == 128
+    assert formulas.missing_formulas(args) == ["my_custom_op"]
+
+
+def test_elementwise_counts_broadcast_output_and_reads_inputs_once():
+    x = TensorMeta.of((8, 16), "bfloat16", name="x")
+    out = TensorMeta.of((8, 16), "bfloat16", name="y")
+    cost = formula_cost(OpArgs(symbol="mul", inputs=(x, x), outputs=(out,)))
+    assert (cost.flops, cost.bytes_read, cost.bytes_written) == (128, 256, 256)
+
+
+def test_expand_view_is_read_at_its_base_size():
+    base = TensorMeta(shape=(1, 16), dtype="float32", nbytes=64, storage_bytes=64)
+    expanded = TensorMeta(shape=(8, 16), dtype="float32", nbytes=512, storage_bytes=64, name="e")
+    out = TensorMeta.of((8, 16), "float32")
+    cost = formula_cost(OpArgs(symbol="add", inputs=(expanded, TensorMeta.of((8, 16), "float32")), outputs=(out,)))
+    assert cost.bytes_read == 64 + 512
+    assert base.read_bytes == 64
+
+
+def test_view_is_free_and_a_copying_reshape_is_not():
+    src = TensorMeta.of((4, 8), "float32")
+    aliased, fresh = TensorMeta.of((32,), "float32", is_view=True), TensorMeta.of((32,), "float32")
+    view = formula_cost(OpArgs(symbol="reshape", inputs=(src,), outputs=(aliased,)))
+    copy = formula_cost(OpArgs(symbol="reshape", inputs=(src,), outputs=(fresh,)))
+    assert (view.bytes_read, view.bytes_written, view.kernels) == (0, 0, 0)
+    assert (copy.bytes_read, copy.bytes_written, copy.kernels) == (128, 128, 1)
+
+
+def test_transcendentals_and_activations():
+    exp = formula_cost(_args("exp", [(10,)], [(10,)]))
+    silu = formula_cost(_args("silu", [(10,)], [(10,)]))
+    softmax = formula_cost(_args("softmax", [(4, 10)], [(4, 10)]))
+    assert (exp.flops, exp.transcendentals) == (10, 10)
+    assert (silu.flops, silu.transcendentals) == (40, 10)
+    assert (softmax.flops, softmax.transcendentals) == (200, 40)
+
+
+def test_embedding_reads_gathered_rows_not_the_table():
+    args = OpArgs(
+        symbol="embedding",
+        inputs=(TensorMeta.of((1, 32), "int64"), TensorMeta.of((32000, 64), "bfloat16")),
+        outputs=(TensorMeta.of((1, 32, 64), "bfloat16"),),
+    )
+    cost = formula_cost(args)
+    assert cost.flops == 0
+    assert cost.bytes_read == 32 * 8 + 32 * 64 * 2
+
+
+def test_embedding_backward_adds_every_gradient_element():
+    args = OpArgs(
+        symbol="torch.ops.aten.embedding_backward",
+        inputs=(TensorMeta.of((1, 32, 64), "float32"), TensorMeta.of((1, 32), "int64")),
+        outputs=(TensorMeta.of((256, 64), "float32"),),
+        attrs=(("arg2", 256),),
+    )
+    cost = formula_cost(args)
+    assert cost.flops == 32 * 64
+    assert cost.bytes_written == 256 * 64 * 4 + 32 * 64 * 4
+
+
+def test_cross_entropy_forward_and_backward():
+    logits, target = (16, 32000), (16,)
+    inputs = (TensorMeta.of(logits, "float32"), TensorMeta.of(target, "int64"))
+    fwd = formula_cost(OpArgs(symbol="cross_entropy", inputs=inputs, outputs=(TensorMeta.of((), "float32"),)))
+    bwd = formula_cost(_args("apex_cross_entropy_backward", [(), logits], [logits]))
+    assert (fwd.flops, fwd.transcendentals) == (5 * 16 * 32000, 16 * 32000)
+    assert bwd.flops == 4 * 16 * 32000
+
+
+def test_fusion_cost_sums_member_flops_and_counts_boundary_bytes():
+    x = TensorMeta.of((64,), "float32", name="x")
+    mid = TensorMeta(shape=(64,), dtype="float32", nbytes=256, storage_bytes=0, name="mid")  # internal
+    out = TensorMeta.of((64,), "float32", name="out")
+    members = (
+        OpArgs(symbol="exp", inputs=(x,), outputs=(mid,)),
+        OpArgs(symbol="mul", inputs=(mid, x), outputs=(out,)),
+    )
+    region = formula_cost(OpArgs(symbol="nvFusion0", inputs=(x,), outputs=(out,), members=members))
+    assert (region.flops, region.transcendentals) == (128, 64)
+    assert (region.bytes_read, region.bytes_written, region.kernels, region.formula) == (256, 256, 1, "fusion")
+
+
+# ---------------------------------------------------------------------------------------------
+# Devices and the roofline
+# ---------------------------------------------------------------------------------------------
+
+
+def test_device_specs_are_dense_vendor_figures():
+    h100, a100 = get_device_spec("H100"), get_device_spec("a100")
+    assert h100.matrix_peak("bfloat16") == pytest.approx(989.4e12)
+    assert h100.memory_bandwidth_bytes_per_s == pytest.approx(3.35e12)
+    assert get_device_spec("H200").memory_bandwidth_bytes_per_s == pytest.approx(4.8e12)
+    assert a100.matrix_peak("bfloat16") == pytest.approx(312e12)
+    assert a100.matrix_peak("float32") == pytest.approx(19.5e12)
+    assert get_device_spec("NVIDIA L40S").matrix_peak("float16") == pytest.approx(362.05e12)
+    assert get_device_spec("NVIDIA H100 80GB HBM3").name == "H100-SXM"
+    assert with_tf32(a100).matrix_peak("float32") == pytest.approx(156e12)
+    assert set(GPU_SPECS) == {"H100-SXM", "H200", "A100-80GB", "L40S"}
+
+
+def test_unknown_device_names_the_known_ones():
+    with pytest.raises(ValueError, match="known: H100-SXM, H200, A100-80GB, L40S"):
+        get_device_spec("TPUv5")
+
+
+def test_roofline_picks_the_binding_resource():
+    h100 = get_device_spec("H100")
+    compute = OpCost(flops=10**12, bytes_read=10**6, bytes_written=0, matrix_flops=10**12, dtype="bfloat16")
+    memory = OpCost(flops=10**6, bytes_read=10**10, bytes_written=0, vector_flops=10**6, dtype="bfloat16")
+    assert roofline_time_s(compute, h100) == pytest.approx(1e12 / 989.4e12 + h100.launch_overhead_s)
+    assert roofline_time_s(memory, h100) == pytest.approx(1e10 / 3.35e12 + h100.launch_overhead_s)
+    view = OpCost(flops=0, bytes_read=0, bytes_written=0, kernels=0, formula="view")
+    free = OpCost(flops=0, bytes_read=0, bytes_written=0, kernels=0, formula="free")
+    assert roofline_time_s(view, NOMINAL_CPU) == NOMINAL_CPU.view_overhead_s
+    assert roofline_time_s(free, NOMINAL_CPU) == 0.0
+
+
+def test_roofline_uses_cache_bandwidth_for_small_working_sets():
+    small = OpCost(flops=0, bytes_read=1000, bytes_written=0)
+    large = OpCost(flops=0, bytes_read=10 * NOMINAL_CPU.cache_bytes, bytes_written=0)
+    overhead = NOMINAL_CPU.launch_overhead_s
+    cache_s = 1000 / NOMINAL_CPU.cache_bandwidth_bytes_per_s
+    assert roofline_time_s(small, NOMINAL_CPU) - overhead == pytest.approx(cache_s)
+    assert roofline_time_s(large, NOMINAL_CPU) - overhead == pytest.approx(
+        large.bytes_read / NOMINAL_CPU.memory_bandwidth_bytes_per_s
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The cost API on a hand-built graph
+# ---------------------------------------------------------------------------------------------
+
+
+def _tensor(name, shape, kind="forward", storage=None, device="cpu"):
+    nbytes = 4 * int(torch.tensor(shape).prod()) if shape else 4
+    return TensorNode(name, shape, "float32", device, nbytes, storage or name, nbytes, kind)
+
+
+@pytest.fixture
+def tiny_graph() -> JointGraph:
+    """x -> linear(w) -> h -> exp -> e; backward: matmul of the gradient."""
+    tensors = {
+        "x": _tensor("x", (8, 16), "input"),
+        "w": _tensor("w", (32, 16), "input"),
+        "h": _tensor("h", (8, 32)),
+        "e": _tensor("e", (8, 32)),
+        "g": _tensor("g", (8, 32), "cotangent"),
+        "gw": _tensor("gw", (32, 16), "backward"),
+    }
+    ops = (
+        OpNode("fwd0", "linear", False, 0, ("x", "w"), ("h",), (("arg2", None),)),
+        OpNode("fwd1", "exp", False, 1, ("h",), ("e",)),
+        OpNode("bwd0", "matmul", True, 0, ("g", "x"), ("gw",)),
+    )
+    return JointGraph(ops=ops, tensors=tensors, saved=(), input_names=("x", "w"), forward_output_names=("e",))
+
+
+def test_cost_model_uses_formulas_without_a_table(tiny_graph):
+    costs = CostModel(tiny_graph, "cpu")
+    linear = costs.op_cost("fwd0")
+    assert linear.source == "formula" and linear.flops == 2 * 8 * 16 * 32
+    assert linear.time_s == pytest.approx(roofline_time_s(linear, NOMINAL_CPU))
+    assert costs.chain_time_s(["fwd0", "fwd1"]) == pytest.approx(linear.time_s + costs.op_cost("fwd1").time_s)
+    assert costs.producer_cost("e") == costs.op_cost("fwd1")
+    assert costs.total_time_s(backward=True) == costs.op_cost("bwd0").time_s
+    assert coverage_report(tiny_graph).ok
+
+
+def test_cost_model_prefers_measured_entries(tiny_graph):
+    from costmodels.api import op_args
+
+    key = op_key(op_args(tiny_graph, tiny_graph.ops[0]))
+    table = CostTable(
+        device="cpu: test", device_kind="cpu", torch_version="x", thunder_version="y",
+        entries={key: TableEntry(key=key, symbol="linear", time_s=1.5e-3, repeats=10)},
+    )  # fmt: skip
+    costs = CostModel(tiny_graph, "cpu", table)
+    assert costs.op_cost("fwd0").source == "measured" and costs.op_cost("fwd0").time_s == 1.5e-3
+    assert costs.op_cost("fwd1").source == "formula"
+    chain = costs.chain_cost(["fwd0", "fwd1"])
+    assert chain.source == "formula" and chain.time_s == pytest.approx(1.5e-3 + costs.op_cost("fwd1").time_s)
+    assert costs.chain_cost(["fwd0"]).source == "measured"
+    assert costs.measured_share() == pytest.approx(1 / 3)
+
+
+def test_producer_of_an_input_is_an_error(tiny_graph):
+    with pytest.raises(KeyError, match="'x' has no producing op"):
+        CostModel(tiny_graph, "cpu").producer_cost("x")

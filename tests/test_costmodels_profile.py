@@ -1,0 +1,160 @@
+"""Profiling on the CPU: a tiny Llama's ops timed, written, read back and compared with the roofline.
+
+No assertion here is about speed (measured figures are printed by
+``benchmarks/cost_model_accuracy.py``); the tests check what the profile contains and how it is used.
+"""
+
+from __future__ import annotations
+
+import remat_opt  # noqa: F401  (before thunder)
+
+import math
+
+import pytest
+import thunder
+import torch
+import torch.nn.functional as F
+
+from remat_opt.examples import block
+from remat_opt.extract import analyze
+from remat_opt.models import ModelSpec, build_model
+
+from costmodels.api import CostModel, coverage_report, op_args
+from costmodels.formulas import formula_cost
+from costmodels.profiler import ProfileOptions, main, profile_graph, replay
+from costmodels.report import compare, format_comparison
+from costmodels.table import load_table, op_key, save_table
+
+QUICK = ProfileOptions(warmup=1, repeats=2, min_time_s=0.0)
+
+
+def _fused():
+    return [remat_opt.sdpa_cpu_ex, *thunder.get_default_executors()]
+
+
+@pytest.fixture(scope="module")
+def llama_cpu():
+    model, inputs = build_model(ModelSpec("Llama-2-7b-hf", n_layer=1, device="cpu", tiny=True))
+    return analyze(model, *inputs, executors=_fused())
+
+
+@pytest.fixture(scope="module")
+def llama_cpu_decomposed():
+    model, inputs = build_model(ModelSpec("Llama-2-7b-hf", n_layer=1, device="cpu", tiny=True))
+    return analyze(model, *inputs)  # Thunder's default executors: SDPA decomposed on CPU
+
+
+@pytest.fixture(scope="module")
+def llama_table(llama_cpu, tmp_path_factory):
+    table = profile_graph(llama_cpu, options=QUICK, progress=False, model="tiny Llama-2")
+    path = save_table(table, tmp_path_factory.mktemp("tables") / "cpu.json")
+    return load_table(path, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def block_torch_compile_cpu():
+    model, (x,) = block()
+    executors = [thunder.executors.torch_compile.torch_compile_ex, *_fused()]
+    return analyze(model, x, executors=executors)
+
+
+def test_cpu_traces_have_no_fallback(llama_cpu):
+    report = coverage_report(llama_cpu)
+    assert report.ok, report.format()
+
+
+def test_decomposed_sdpa_has_no_fallback_and_replays_on_meta(llama_cpu_decomposed):
+    report = coverage_report(llama_cpu_decomposed)
+    assert report.ok, report.format()
+    assert "softmax" in {op.symbol for op in llama_cpu_decomposed.ops}
+    assert replay(llama_cpu_decomposed, "meta", time_ops=False).problems == []
+
+
+def test_decomposed_and_fused_sdpa_cost_the_same_forward_flops(llama_cpu, llama_cpu_decomposed):
+    def forward_matrix_flops(graph):
+        costs = (formula_cost(op_args(graph, op)) for op in graph.forward_ops)
+        return sum(c.flops for c in costs if c.formula in ("matmul", "linear", "sdpa"))
+
+    # q @ k.T and p @ v as two matmuls, or inside one fused kernel: the same count.
+    assert forward_matrix_flops(llama_cpu) == forward_matrix_flops(llama_cpu_decomposed)
+
+
+def test_profile_times_every_distinct_op_and_round_trips(llama_cpu, llama_table):
+    keys = {op_key(op_args(llama_cpu, op)) for op in llama_cpu.ops}
+    assert set(llama_table.entries) == keys
+    assert llama_table.skipped == ()
+    assert all(e.time_s > 0 and e.repeats >= QUICK.repeats for e in llama_table.entries.values())
+    assert llama_table.calibration is not None and llama_table.calibration.launch_overhead_s > 0
+    assert llama_table.device_kind == "cpu" and llama_table.model == "tiny Llama-2"
+
+
+def test_approximate_runners_are_noted_in_the_table(llama_table):
+    pads = [e for e in llama_table.entries.values() if e.symbol == "torch_pad_prim_impl"]
+    assert pads and all("rebuilt from shapes" in e.note for e in pads)
+
+
+def test_cost_model_reads_every_op_from_the_table(llama_cpu, llama_table):
+    costs = CostModel(llama_cpu, table=llama_table)
+    assert costs.measured_share() == 1.0
+    sdpa = next(op for op in llama_cpu.ops if op.symbol == "remat_sdpa_cpu_fwd")
+    cost = costs.op_cost(sdpa)
+    assert cost.source == "measured" and cost.formula == "sdpa" and cost.flops > 0
+
+
+def test_comparison_reports_rank_correlation_and_totals(llama_cpu, llama_table):
+    comparison = compare(llama_cpu, llama_table)
+    assert len(comparison.rows) == len(llama_table.entries)
+    assert -1.0 <= comparison.spearman <= 1.0
+    assert comparison.measured_ops == comparison.ops == len(llama_cpu.ops)
+    assert comparison.predicted_total_s > 0 and comparison.measured_total_s > 0
+    text = format_comparison(comparison)
+    assert "Spearman rank correlation" in text and "forward+backward total" in text
+
+
+def test_torch_compile_regions_are_skipped_with_a_reason(block_torch_compile_cpu):
+    graph = block_torch_compile_cpu
+    assert [op.symbol for op in graph.ops] == ["TorchCompile0", "TorchCompile1"]
+    assert coverage_report(graph).ok
+    table = profile_graph(graph, options=QUICK, progress=False)
+    assert table.entries == {}
+    assert len(table.skipped) == 2 and all("fusion region" in reason for _, reason in table.skipped)
+    region = CostModel(graph, table=table).op_cost("fwd0")
+    assert region.source == "formula" and region.formula == "fusion" and region.matrix_flops > 0
+
+
+def test_profile_command_writes_and_reports(tmp_path, capsys):
+    output = tmp_path / "block.json"
+    argv = ["remat_opt.examples:block", "--output", str(output), "--report", "--warmup", "1", "--repeats", "2",
+            "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {output}" in printed and "Spearman rank correlation" in printed
+    assert math.isfinite(load_table(output).entries[next(iter(load_table(output).entries))].time_s)
+
+
+def test_profile_command_refuses_meta(capsys):
+    assert main(["Llama-2-7b-hf", "--tiny", "--device", "meta"]) == 2
+    assert "cannot time ops" in capsys.readouterr().err
+
+
+def _loss_step(x, w, target, norm_weight, norm_bias):
+    """Norms, activations, dropout, a matmul, log-softmax and cross-entropy: the ops of a loss."""
+    h = F.layer_norm(x, (x.shape[-1],), norm_weight, norm_bias)
+    h = F.rms_norm(h, (x.shape[-1],), norm_weight)
+    h = F.gelu(h, approximate="tanh") + F.relu(h) + torch.sigmoid(h) + F.dropout(h, 0.1)
+    logits = h @ w
+    loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), target.view(-1))
+    return loss + F.log_softmax(logits, -1).mean() + logits.softmax(-1).amax()
+
+
+def test_loss_ops_have_formulas_and_runners():
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 8, 16, requires_grad=True), torch.randn(16, 32, requires_grad=True)
+    norm_weight, norm_bias = torch.randn(16, requires_grad=True), torch.randn(16, requires_grad=True)
+    graph = analyze(_loss_step, x, w, torch.randint(0, 32, (2, 8)), norm_weight, norm_bias, executors=_fused())
+    symbols = {op.symbol for op in graph.ops}
+    expected = {"log_softmax", "torch_nll_loss_backward_impl", "torch.ops.aten._log_softmax_backward_data", "uniform"}
+    assert expected <= symbols
+    assert coverage_report(graph).ok
+    table = profile_graph(graph, options=QUICK, progress=False)
+    assert table.skipped == () and len(table.entries) > 50
