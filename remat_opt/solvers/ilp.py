@@ -41,6 +41,7 @@ from remat_opt.plan import RematPlan, simulate_peak_bytes, simulate_step
 from remat_opt.problem import RecomputeProblem
 from remat_opt.solvers._common import Budgets, InfeasibleBudgetError, checked
 from remat_opt.solvers.blocks import Ties, choose_ties
+from remat_opt.solvers.mincut import mincut_sweep
 from remat_opt.solvers.schedule_rows import add_schedule_row
 
 Key = tuple[str, str]  # (kind, name): kind is "r", "d", "s" or "k"
@@ -447,13 +448,14 @@ def _peak_model_minimum(problem: RecomputeProblem, form: _Formulation, deadline:
 def minimum_peak_bytes(problem: RecomputeProblem, options: ILPOptions = ILPOptions()) -> tuple[int, int]:
     """``(best, lower_bound)``: the least simulated peak found, and a proven lower bound on it.
 
-    A lower bound from the peak model, then bisection on the peak budget with the ILP as the
-    feasibility oracle, until the two meet or the time limit passes.
+    A lower bound from the peak model; the best of its plan, the baselines and a min-cut sweep;
+    then bisection on the peak budget with the ILP as the feasibility oracle, until the two meet
+    or the time limit passes.
     """
     deadline = time.perf_counter() + options.time_limit_s
     ties = choose_ties(problem, options.tie_blocks, options.min_tied_blocks)
     lower, candidates = _peak_model_minimum(problem, _Formulation(problem, ties, options), deadline)
-    candidates += [(), problem.allowed_units]
+    candidates += [(), problem.allowed_units, *(units for _, units in mincut_sweep(problem, 8, ties))]
     best = min(simulate_peak_bytes(problem.graph, _targets(problem, units)) for units in candidates)
     floor = lower
     while floor < best and time.perf_counter() < deadline:
@@ -483,6 +485,19 @@ def _infeasible(problem: RecomputeProblem, budgets: Budgets, options: ILPOptions
 # --------------------------------------------------------------------------------------------
 # The solver
 # --------------------------------------------------------------------------------------------
+
+
+def _fallback(problem: RecomputeProblem, budgets: Budgets, outcome: _Outcome, options: ILPOptions) -> _Outcome:
+    """When the time limit passes before a plan is found: save-all or recompute-all, if in budget."""
+    fits = []
+    for units in ((), problem.allowed_units):
+        units = problem.effective_units(units)
+        if budgets.admits(problem.saved_bytes(units), simulate_peak_bytes(problem.graph, _targets(problem, units))):
+            fits.append((problem.extra_time_s(units), units))
+    if not fits:
+        raise TimeoutError(f"ilp: no plan within budget found in time_limit_s={options.time_limit_s}")
+    note = f"time limit {options.time_limit_s} s passed before the solver found a plan: baseline fallback"
+    return _Outcome(min(fits)[1], "fallback", notes=(*outcome.notes, note))
 
 
 def _tiebreak(form: _Formulation, outcome: _Outcome, budgets: Budgets, deadline: float) -> tuple[str, ...]:
@@ -532,14 +547,16 @@ def solve_ilp(
     if outcome.status == "infeasible":
         raise _infeasible(problem, budgets, options)
     if outcome.units is None:
-        raise TimeoutError(f"ilp: no plan within budget found in time_limit_s={options.time_limit_s}")
+        outcome = _fallback(problem, budgets, outcome, options)
     units = outcome.units
     if options.tiebreak_saved_bytes and outcome.status == "optimal":
         units = _tiebreak(form, outcome, budgets, deadline)
     notes = list(outcome.notes)
     if ties.tied:
         notes.append(f"tied {ties.blocks.count} repeated blocks of {ties.blocks.period} ops: optimal among block-uniform plans")
-    gap = 0.0 if outcome.status == "optimal" else (outcome.objective - outcome.bound) / max(outcome.objective, 1e-30)
+    gap = {"optimal": 0.0, "fallback": None}.get(outcome.status)
+    if outcome.status == "feasible":
+        gap = (outcome.objective - outcome.bound) / max(outcome.objective, 1e-30)
     plan = problem.plan_for(
         units,
         solver="ilp",
