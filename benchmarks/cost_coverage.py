@@ -14,8 +14,7 @@ import remat_opt  # noqa: F401  (before thunder)
 
 import time
 
-import thunder
-
+from remat_opt.cli import executors_for
 from remat_opt.examples import block
 from remat_opt.extract import analyze
 from remat_opt.models import ModelSpec, build_model
@@ -26,19 +25,12 @@ from costmodels.profiler import replay
 FAMILIES = ("Llama-2-7b-hf", "Llama-3-8B", "gemma-2b", "phi-2", "pythia-14m", "Mistral-7B-v0.1", "block")
 
 
-def executors(kind: str):
-    if kind == "default":
-        return None
-    fused = [remat_opt.sdpa_cpu_ex, *thunder.get_default_executors()]
-    return [thunder.executors.torch_compile.torch_compile_ex, *fused] if kind == "torchcompile" else fused
-
-
 def graph_of(family: str, kind: str, device: str):
     if family == "block":
         model, inputs = block(device=device)
     else:
         model, inputs = build_model(ModelSpec(family, n_layer=1, device=device, tiny=True))
-    return analyze(model, *inputs, executors=executors(kind))
+    return analyze(model, *inputs, executors=executors_for(kind))
 
 
 def report(family: str, kind: str, device: str) -> tuple[int, int]:
@@ -58,8 +50,8 @@ def report(family: str, kind: str, device: str) -> tuple[int, int]:
 
 def main() -> None:
     totals = [0, 0]
-    cases = [(f, k, d) for d in ("meta", "cpu") for k in ("fused", "default") for f in FAMILIES]
-    cases += [("block", "torchcompile", "cpu"), ("Llama-2-7b-hf", "torchcompile", "cpu")]
+    cases = [(f, k, d) for d in ("meta", "cpu") for k in ("fused-sdpa", "default") for f in FAMILIES]
+    cases += [("block", "torch-compile", "cpu"), ("Llama-2-7b-hf", "torch-compile", "cpu")]
     for case in cases:
         missing, problems = report(*case)
         totals[0] += missing

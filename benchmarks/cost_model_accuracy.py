@@ -24,6 +24,7 @@ from pathlib import Path
 import thunder
 import torch
 
+from remat_opt.cli import executors_for
 from remat_opt.extract import analyze
 from remat_opt.models import ModelSpec, build_model
 
@@ -52,7 +53,7 @@ def step_time_s(model, inputs, executors, repeats: int) -> float:
 def run(seq: int, args: argparse.Namespace, out_dir: Path) -> None:
     spec = ModelSpec("Llama-2-7b-hf", n_layer=args.n_layer, seq=seq, device="cpu", tiny=True)
     model, inputs = build_model(spec)
-    executors = [remat_opt.sdpa_cpu_ex, *thunder.get_default_executors()]
+    executors = executors_for("fused-sdpa")
     graph = analyze(model, *inputs, executors=executors)
     start = time.perf_counter()
     table = profile_graph(graph, options=ProfileOptions(repeats=args.repeats), progress=False, model=repr(spec))

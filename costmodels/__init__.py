@@ -7,9 +7,9 @@ Modules:
     api: the cost API of the solvers (`CostModel`, `coverage_report`).
     runners: executing one op with torch (used by the profiler).
     profiler: ``remat-opt profile`` (`profile_graph`, `add_profile_arguments`, `run_profile`).
+    report: roofline against measured times (`compare`, `spearman`, `format_comparison`).
 
-Only `api`, `runners` and `profiler` need torch or the graph; none imports Thunder (the profiler's
-command line imports `remat_opt.extract` to build the graph).
+No module imports Thunder (the profiler's command line builds the graph through `remat_opt.cli`).
 """
 
 from costmodels.formulas import OpArgs, OpCost, TensorMeta, formula_cost, register_cost

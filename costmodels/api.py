@@ -53,8 +53,11 @@ def resolve_device(device: DeviceSpec | str | None, table: CostTable | None, gra
     """The device spec to cost for, from an explicit spec or name, the table, or the graph's device.
 
     Raises:
-        ValueError: nothing says which device (a meta or CUDA graph without a device or table).
+        ValueError: nothing says which device (a meta or CUDA graph without a device or table), or
+            the device named is not the one the table was measured on.
     """
+    if table is not None and device is not None:
+        _check_table_device(device, table)
     if isinstance(device, DeviceSpec):
         return device
     if device is None and table is not None:
@@ -71,6 +74,19 @@ def resolve_device(device: DeviceSpec | str | None, table: CostTable | None, gra
             "CostModel(graph, 'H100'), or pass a cost table measured there"
         )
     return get_device_spec(device)
+
+
+def _check_table_device(device: DeviceSpec | str, table: CostTable) -> None:
+    name = device.name if isinstance(device, DeviceSpec) else device
+    if table.device_kind == "cpu":
+        ok = name == "cpu" or name.startswith("cpu")
+    else:
+        ok = not name.startswith("cpu") and get_device_spec(table.device).name == get_device_spec(name).name
+    if not ok:
+        raise ValueError(
+            f"cost table measured on {table.device!r} cannot price ops on {name!r}: pass device=None to cost "
+            "for the table's device, or no table to cost from formulas alone"
+        )
 
 
 def _graph_device(graph: JointGraph) -> str:

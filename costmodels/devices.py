@@ -183,14 +183,15 @@ class CpuCalibration:
     """What `calibrate_cpu` measured on this CPU (rates exclude the per-op overhead).
 
     Attributes:
-        matmul_flops_per_s: ``(dtype, FLOP/s)`` of a square matmul per dtype.
+        matmul_flops_per_s: ``(dtype, FLOP/s)``: the best of square matmuls of a few sizes, per dtype.
         vector_flops_per_s: FLOP/s of an elementwise add on cache-resident float32 data.
         transcendentals_per_s: ``exp`` evaluations per second on cache-resident float32 data.
         memory_bandwidth_bytes_per_s: bytes read plus written per second by a copy larger than the caches.
         cache_bandwidth_bytes_per_s: the same for a copy that fits in `cache_bytes`.
         cache_bytes: size of the per-core cache the second copy fits in (L2).
-        launch_overhead_s: median time of an elementwise op on a one-element tensor.
-        view_overhead_s: median time of a view (``permute``) of a small tensor.
+        launch_overhead_s: median time of small kernels (multiply, add a scalar, row sum, negate
+            of 64 elements): what a kernel costs beyond its work.
+        view_overhead_s: median time of small views (permute, reshape, unsqueeze, expand).
         threads: ``torch.get_num_threads()`` when measured.
     """
 
@@ -255,19 +256,15 @@ def l2_cache_bytes(default: int = 1 << 20) -> int:
     return default
 
 
-def calibrate_cpu(*, matmul_size: int = 512, dram_bytes: int = 64 << 20) -> CpuCalibration:
+def calibrate_cpu(*, matmul_sizes: tuple[int, ...] = (128, 256, 512), dram_bytes: int = 64 << 20) -> CpuCalibration:
     """Measures this CPU with torch's current thread count (about a second).
 
     Rates are taken net of the per-op overhead, so that ``overhead + work / rate`` reproduces them.
     """
     import torch
 
-    tiny = torch.rand(1)
-    overhead = median_time_s(lambda: torch.mul(tiny, tiny), repeats=200)
-    matmul = []
-    for dtype in ("float32", "bfloat16"):
-        a, b = (torch.rand(matmul_size, matmul_size, dtype=getattr(torch, dtype)) for _ in range(2))
-        matmul.append((dtype, 2 * matmul_size**3 / median_time_s(lambda a=a, b=b: torch.mm(a, b), repeats=5)))
+    overhead, view_overhead = _overheads_s()
+    matmul = tuple((dt, max(_matmul_flops_per_s(n, dt) for n in matmul_sizes)) for dt in ("float32", "bfloat16"))
     cache_bytes = l2_cache_bytes()
     x, y = torch.rand(cache_bytes // 16), torch.rand(cache_bytes // 16)  # three of them fit in L2
     vector = x.numel() / _net(median_time_s(lambda: torch.add(x, y)), overhead)
@@ -275,18 +272,36 @@ def calibrate_cpu(*, matmul_size: int = 512, dram_bytes: int = 64 << 20) -> CpuC
     cache_bw = 2 * x.nbytes / _net(median_time_s(lambda: y.copy_(x)), overhead)
     src = torch.empty(dram_bytes // 4)
     dst = torch.empty_like(src)
-    small = torch.rand(4, 4)
     return CpuCalibration(
-        matmul_flops_per_s=tuple(matmul),
+        matmul_flops_per_s=matmul,
         vector_flops_per_s=vector,
         transcendentals_per_s=special,
         memory_bandwidth_bytes_per_s=2 * dram_bytes / median_time_s(lambda: dst.copy_(src), repeats=5),
         cache_bandwidth_bytes_per_s=cache_bw,
         cache_bytes=cache_bytes,
         launch_overhead_s=overhead,
-        view_overhead_s=median_time_s(lambda: torch.permute(small, (1, 0)), repeats=200),
+        view_overhead_s=view_overhead,
         threads=torch.get_num_threads(),
     )
+
+
+def _matmul_flops_per_s(size: int, dtype: str) -> float:
+    import torch
+
+    a, b = (torch.rand(size, size, dtype=getattr(torch, dtype)) for _ in range(2))
+    return 2 * size**3 / median_time_s(lambda: torch.mm(a, b), repeats=5)
+
+
+def _overheads_s() -> tuple[float, float]:
+    """Median time of small kernels and of small views (several ops each, so no single op's quirk decides)."""
+    import torch
+
+    a, b = torch.rand(8, 8), torch.rand(8, 8)
+    kernels = (lambda: torch.mul(a, b), lambda: torch.add(a, 1.0), lambda: torch.sum(a, -1), lambda: torch.neg(a))
+    views = (lambda: a.permute(1, 0), lambda: a.reshape(64), lambda: a.unsqueeze(0), lambda: a.expand(2, 8, 8))
+    kernel_s = statistics.median(median_time_s(fn, repeats=100) for fn in kernels)
+    view_s = statistics.median(median_time_s(fn, repeats=100) for fn in views)
+    return kernel_s, view_s
 
 
 def _net(seconds: float, overhead_s: float) -> float:

@@ -298,25 +298,13 @@ def profile_graph(
 # Command line: `remat-opt profile`
 # ---------------------------------------------------------------------------------------------
 
-EXECUTOR_CHOICES = ("fused", "default", "torchcompile")
-
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the options of ``remat-opt profile`` (model options are those of `ModelSpec`)."""
-    parser.add_argument("model", help="litgpt config name (e.g. Llama-2-7b-hf) or package.module:factory")
-    parser.add_argument("--n-layer", type=int, default=None, help="override the number of layers")
-    parser.add_argument("--seq", type=int, default=None, help="sequence length of the example input")
-    parser.add_argument("--batch", type=int, default=1, help="micro-batch size")
-    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (the device the ops are timed on)")
-    parser.add_argument("--tiny", action="store_true", help="shrink the litgpt config to a tiny model of its family")
-    parser.add_argument(
-        "--executors",
-        choices=EXECUTOR_CHOICES,
-        default="fused",
-        help="fused: remat-opt's fused CPU SDPA + Thunder's defaults; default: Thunder's defaults; "
-        "torchcompile: torch.compile fusion regions too (skipped when timing)",
-    )
+    """Adds the options of ``remat-opt profile``: the model options of ``remat-opt`` (`ModelSpec`,
+    ``--executors``), with ``--device cpu`` by default, and the profiling options."""
+    from remat_opt.cli import add_model_arguments
+
+    add_model_arguments(parser, device_default="cpu", device_help="cpu (the default) or cuda: where ops are timed")
     parser.add_argument("--output", "-o", default=None, help="cost table path (default: cost_tables/<device>.json)")
     parser.add_argument("--report", action="store_true", help="print predicted vs measured per op and Spearman")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per op")
@@ -324,19 +312,6 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
-
-
-def _executors(kind: str):
-    import thunder
-
-    import remat_opt
-
-    if kind == "default":
-        return None
-    executors = [remat_opt.sdpa_cpu_ex, *thunder.get_default_executors()]
-    if kind == "torchcompile":
-        executors.insert(0, thunder.executors.torch_compile.torch_compile_ex)
-    return executors
 
 
 def default_table_path(device_name: str) -> Path:
@@ -348,27 +323,21 @@ def default_table_path(device_name: str) -> Path:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    """Runs ``remat-opt profile``: builds the model, analyzes it, times its ops, writes the table.
+    """Runs ``remat-opt profile``: builds and analyzes the model, times its ops, writes the table.
+
+    Model errors (`ModelSpecError`, `ModelTraceError`) propagate to ``remat-opt``'s error handling.
 
     Returns:
-        The exit status (0 on success, 2 on a bad model or device option).
+        The exit status: 0, or 2 for a device that cannot time ops.
     """
-    from remat_opt.extract import analyze
-    from remat_opt.models import ModelSpec, ModelSpecError, build_model
+    from remat_opt.cli import analyze_from_args
 
-    if args.device == "meta" or not (args.device == "cpu" or args.device.startswith("cuda")):
-        print(f"error: --device {args.device!r} cannot time ops; use cpu or cuda", file=sys.stderr)
+    if not (args.device == "cpu" or args.device.startswith("cuda")):
+        print(f"remat-opt: error: --device {args.device} cannot time ops; use cpu or cuda", file=sys.stderr)
         return 2
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    spec = ModelSpec(args.model, n_layer=args.n_layer, seq=args.seq, batch=args.batch, dtype=args.dtype,
-                     device=args.device, tiny=args.tiny)  # fmt: skip
-    try:
-        model, inputs = build_model(spec)
-    except ModelSpecError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    graph = analyze(model, *inputs, executors=_executors(args.executors))
+    spec, graph, _ = analyze_from_args(args)
     options = ProfileOptions(warmup=args.warmup, repeats=args.repeats)
     table = profile_graph(graph, device=args.device, options=options, progress=not args.no_progress, model=repr(spec))
     path = save_table(table, args.output or default_table_path(table.device))
@@ -382,7 +351,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m costmodels.profiler MODEL ...`` until the ``remat-opt profile`` subcommand is wired."""
+    """``python -m costmodels.profiler MODEL ...``: the same as ``remat-opt profile MODEL ...``."""
     parser = argparse.ArgumentParser(prog="remat-opt profile", description=__doc__.split("\n")[0])
     add_profile_arguments(parser)
     return run_profile(parser.parse_args(argv))

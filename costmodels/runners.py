@@ -33,7 +33,9 @@ _FUNCTIONAL = {"linear", "silu", "gelu", "relu", "embedding", "log_softmax", "la
 _TENSOR_METHODS = {"bool", "expand", "expand_as", "to", "view", "view_as", "contiguous", "float", "half",
                    "bfloat16", "double", "int", "long", "type_as", "masked_fill", "repeat"}  # fmt: skip
 _FACTORIES = {"full", "ones", "zeros", "arange", "empty", "rand", "randn", "randint", "tensor", "scalar_tensor"}
-_REGISTRY: dict[str, Builder] = {}
+_REGISTRY: dict[str, Builder] = {}  # symbol -> builder of its call (when not plain module.name(...))
+_RAW: set[str] = set()  # builders that take the tensor list itself (calls not in the argN layout)
+_APPROXIMATE: dict[str, str] = {}  # symbol -> how its runner differs from the exact call
 
 
 def _register(*symbols: str):
@@ -122,12 +124,8 @@ def make_call(args: OpArgs, tensors: list, device: str) -> Callable[[], Any]:
     return lambda: fn(*call_args, **kwargs)
 
 
-# Builders that take the tensors list itself (their calls do not follow the argN layout).
-_RAW: set[str] = set()
-_APPROXIMATE: dict[str, str] = {}
-
-
 def _raw(*symbols: str):
+    """Registers a builder that receives ``(args, tensors, {}, device)`` instead of the rebuilt call."""
     _RAW.update(symbols)
     return _register(*symbols)
 

@@ -123,12 +123,13 @@ def save_table(table: CostTable, path: str | Path) -> Path:
     return path
 
 
-def load_table(path: str | Path, *, device: str | None = "cpu", allow_mismatch: bool = False) -> CostTable:
+def load_table(path: str | Path, *, device: str | None = "auto", allow_mismatch: bool = False) -> CostTable:
     """Reads a cost table and checks it belongs to this device and these library versions.
 
     Args:
         path: the JSON file written by `save_table` (``remat-opt profile``).
-        device: the device the table will be used for (``"cpu"``, ``"cuda"``), or None to skip the
+        device: the device the table will be used for (``"cpu"``, ``"cuda:1"``); ``"auto"``: this
+            machine's device of the table's kind (its CPU, or the current CUDA device); None skips the
             device check (e.g. planning for another machine on purpose).
         allow_mismatch: accept a table from another device or versions, with a warning.
 
@@ -154,8 +155,10 @@ def mismatches(table: CostTable, device: str | None) -> list[str]:
     """What differs between `table` and this environment (empty when it matches)."""
     torch_version, thunder_version = library_versions()
     problems = []
+    if device == "auto":
+        device = table.device_kind
     if device is not None:
-        here = current_device_name(device)
+        here = _device_name_here(device)
         if table.device != here:
             problems.append(f"measured on {table.device!r}, this device is {here!r}")
     if table.torch_version != torch_version:
@@ -163,6 +166,14 @@ def mismatches(table: CostTable, device: str | None) -> list[str]:
     if table.thunder_version != thunder_version:
         problems.append(f"lightning-thunder {table.thunder_version} when measured, {thunder_version} here")
     return problems
+
+
+def _device_name_here(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return "no CUDA device"
+    return current_device_name(device)
 
 
 def _read_json(path: Path) -> dict:
@@ -178,7 +189,7 @@ def _read_json(path: Path) -> dict:
             "re-create it with `remat-opt profile`"
         ) from e
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise CostTableError(f"{path} is not a remat-opt cost table (no \"schema\": {SCHEMA!r} field)")
+        raise CostTableError(f'{path} is not a remat-opt cost table (no "schema": {SCHEMA!r} field)')
     return data
 
 

@@ -21,14 +21,18 @@ from remat_opt.models import DTYPES, ModelSpec, ModelSpecError
 EXECUTOR_CHOICES = ("fused-sdpa", "default", "torch-compile")
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+def add_model_arguments(
+    parser: argparse.ArgumentParser,
+    device_default: str = "meta",
+    device_help: str = "meta (no memory, the default), cpu or cuda",
+) -> None:
     """The model options shared by every subcommand that builds a model."""
     parser.add_argument("model", help="litgpt config name (e.g. Llama-2-7b-hf) or package.module:factory")
     parser.add_argument("--n-layer", type=int, default=None, help="override the number of layers")
     parser.add_argument("--seq", type=int, default=None, help="sequence length (default 128; 32 with --tiny)")
     parser.add_argument("--batch", type=int, default=1, help="micro-batch size")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    parser.add_argument("--device", default="meta", help="meta (no memory, the default), cpu or cuda")
+    parser.add_argument("--device", default=device_default, help=device_help)
     parser.add_argument("--tiny", action="store_true", help="shrink the config to a tiny model of its family")
     parser.add_argument(
         "--executors",
@@ -98,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--top", type=int, default=10, help="how many of the largest saved tensors to list")
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.set_defaults(run=cmd_inspect)
+
+    from costmodels.profiler import add_profile_arguments, run_profile
+
+    profile = sub.add_parser("profile", help="time every op of a model on this device -> JSON cost table")
+    add_profile_arguments(profile)
+    profile.set_defaults(run=run_profile)
     return parser
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import remat_opt  # noqa: F401  (before anything imports thunder)
 
 import pytest
@@ -298,9 +300,10 @@ def test_roofline_uses_cache_bandwidth_for_small_working_sets():
 # ---------------------------------------------------------------------------------------------
 
 
-def _tensor(name, shape, kind="forward", storage=None, device="cpu"):
-    nbytes = 4 * int(torch.tensor(shape).prod()) if shape else 4
-    return TensorNode(name, shape, "float32", device, nbytes, storage or name, nbytes, kind)
+def _tensor(name, shape, kind="forward"):
+    nbytes = 4 * math.prod(shape)
+    return TensorNode(name=name, shape=shape, dtype="float32", device="cpu", nbytes=nbytes, storage=name,
+                      storage_bytes=nbytes, kind=kind)  # fmt: skip
 
 
 @pytest.fixture
@@ -315,10 +318,11 @@ def tiny_graph() -> JointGraph:
         "gw": _tensor("gw", (32, 16), "backward"),
     }
     ops = (
-        OpNode("fwd0", "linear", False, 0, ("x", "w"), ("h",), (("arg2", None),)),
-        OpNode("fwd1", "exp", False, 1, ("h",), ("e",)),
-        OpNode("bwd0", "matmul", True, 0, ("g", "x"), ("gw",)),
-    )
+        OpNode(name="fwd0", symbol="linear", is_backward=False, index=0, inputs=("x", "w"), outputs=("h",),
+               attrs=(("arg2", None),)),
+        OpNode(name="fwd1", symbol="exp", is_backward=False, index=1, inputs=("h",), outputs=("e",)),
+        OpNode(name="bwd0", symbol="matmul", is_backward=True, index=0, inputs=("g", "x"), outputs=("gw",)),
+    )  # fmt: skip
     return JointGraph(ops=ops, tensors=tensors, saved=(), input_names=("x", "w"), forward_output_names=("e",))
 
 
@@ -353,3 +357,37 @@ def test_cost_model_prefers_measured_entries(tiny_graph):
 def test_producer_of_an_input_is_an_error(tiny_graph):
     with pytest.raises(KeyError, match="'x' has no producing op"):
         CostModel(tiny_graph, "cpu").producer_cost("x")
+
+
+def test_a_cpu_table_cannot_price_a_gpu(tiny_graph):
+    table = CostTable(device="cpu: test", device_kind="cpu", torch_version="x", thunder_version="y")
+    with pytest.raises(ValueError, match="measured on 'cpu: test' cannot price ops on 'H100'"):
+        CostModel(tiny_graph, "H100", table)
+
+
+def test_spearman_ranks_with_ties():
+    from costmodels.report import spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # Ties share their average rank: ranks (1.5, 1.5, 3) against (1, 2, 3).
+    assert spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.8660254)
+    with pytest.raises(ValueError, match="equal length >= 2"):
+        spearman([1], [1])
+
+
+@pytest.mark.parametrize(
+    "symbol,attrs",
+    [
+        ("sdpaex_grad_forward_scaled_dot_product_efficient_attention", [("arg3", None), ("arg4", 0.0), ("arg5", True)]),
+        ("sdpafx_grad_forward_scaled_dot_product_efficient_attention", [("arg3", 0.0), ("arg4", True)]),
+    ],
+    ids=["efficient", "flash"],
+)
+def test_gpu_sdpa_runners_match_aten_signatures_on_meta(symbol, attrs):
+    from costmodels.runners import make_call
+
+    shape = (1, 2, 64, 16)
+    q = _meta(*shape, dtype=torch.float16)
+    out = make_call(_args(symbol, [shape] * 3, [shape], attrs, "float16"), [q, q, q], "meta")()
+    assert tuple(out[0].shape) == shape

@@ -189,10 +189,11 @@ def backward_ops():
 def _node(name, shape, dtype, kind, storage_of=None, nodes=None):
     nbytes = math.prod(shape) * ITEMSIZE[dtype]
     if storage_of is not None:
-        base = nodes[storage_of]
-        return TensorNode(name, tuple(shape), dtype, "cuda:0", nbytes, base.storage, base.storage_bytes, kind)
-    storage_bytes = 0 if kind == "internal" else nbytes
-    return TensorNode(name, tuple(shape), dtype, "cuda:0", nbytes, name, storage_bytes, kind)
+        storage, storage_bytes = nodes[storage_of].storage, nodes[storage_of].storage_bytes
+    else:
+        storage, storage_bytes = name, 0 if kind == "internal" else nbytes
+    return TensorNode(name=name, shape=tuple(shape), dtype=dtype, device="cuda:0", nbytes=nbytes, storage=storage,
+                      storage_bytes=storage_bytes, kind=kind)  # fmt: skip
 
 
 def build_gpu_graph() -> JointGraph:
@@ -206,11 +207,17 @@ def build_gpu_graph() -> JointGraph:
             for out, shape, dtype, _ in m_outputs:
                 nodes.setdefault(out, _node(out, shape, dtype, "internal"))
             m_outs = tuple(o[0] for o in m_outputs)
-            member_nodes.append(OpNode(f"{name}.{j}", m_symbol, True, j, tuple(m_inputs), m_outs, m_attrs))
+            member_nodes.append(
+                OpNode(name=f"{name}.{j}", symbol=m_symbol, is_backward=True, index=j, inputs=tuple(m_inputs),
+                       outputs=m_outs, attrs=m_attrs)  # fmt: skip
+            )
         for out, shape, dtype, view_of in outputs:
             nodes[out] = _node(out, shape, dtype, "backward", view_of, nodes)
-        ops.append(OpNode(name, symbol, True, index, tuple(inputs), tuple(o[0] for o in outputs), attrs,
-                          tuple(member_nodes), frozenset({"fusion"}) if members else frozenset()))  # fmt: skip
+        ops.append(
+            OpNode(name=name, symbol=symbol, is_backward=True, index=index, inputs=tuple(inputs),
+                   outputs=tuple(o[0] for o in outputs), attrs=attrs, members=tuple(member_nodes),
+                   op_tags=frozenset({"fusion"}) if members else frozenset())  # fmt: skip
+        )
     return JointGraph(ops=tuple(ops), tensors=nodes, saved=(), input_names=(), forward_output_names=())
 
 

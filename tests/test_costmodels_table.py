@@ -50,6 +50,20 @@ def test_other_device_is_refused_with_the_way_out(tmp_path):
         load_table(path)
 
 
+def test_gpu_table_is_refused_on_a_machine_without_that_gpu(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    table = _table(device="NVIDIA H100 80GB HBM3")
+    path = save_table(CostTable(**{**_fields(table), "device_kind": "cuda", "calibration": None}), tmp_path / "g.json")
+    with pytest.raises(CostTableError, match="this device is 'no CUDA device'"):
+        load_table(path)
+
+
+def _fields(table: CostTable) -> dict:
+    return {name: getattr(table, name) for name in table.__slots__}
+
+
 def test_other_device_accepted_with_a_warning_when_asked(tmp_path):
     path = save_table(_table(device="NVIDIA H100 80GB HBM3"), tmp_path / "h100.json")
     with pytest.warns(UserWarning, match="using it anyway"):
