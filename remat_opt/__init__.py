@@ -11,6 +11,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "analyze": ("remat_opt.extract", "analyze"),
+    "CostRemat": ("remat_opt.transform", "CostRemat"),
+    "explain": ("remat_opt.transform", "explain"),
     "GraphCapture": ("remat_opt.extract", "GraphCapture"),
     "JointGraph": ("remat_opt.graph", "JointGraph"),
     "measure": ("remat_opt.measure", None),

@@ -63,6 +63,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from remat_opt.report import format_bytes
+
 __all__ = [
     "AllocationTrace",
     "PeakMeasurement",
@@ -82,25 +84,6 @@ StorageKey = tuple[Any, ...]
 # --------------------------------------------------------------------------------------------
 # Formatting
 # --------------------------------------------------------------------------------------------
-
-_UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
-
-
-def format_bytes(n_bytes: int | float) -> str:
-    """Formats a byte count with a binary unit and two decimals.
-
-    Args:
-        n_bytes: Number of bytes; may be negative (a delta).
-
-    Returns:
-        For example ``"512 B"``, ``"1.50 KiB"``, ``"6.00 MiB"``, ``"2.25 GiB"``.
-    """
-    magnitude = abs(n_bytes)
-    for unit, size in _UNITS:
-        if magnitude >= size:
-            return f"{n_bytes / size:.2f} {unit}"
-    return f"{int(n_bytes)} B"
-
 
 # --------------------------------------------------------------------------------------------
 # Storages of tensors

@@ -6,9 +6,9 @@ transform must tag with ``RECOMPUTE_IN_BACKWARD``. Solvers produce plans; nothin
 them. `check_plan` and `simulate_step` re-derive everything from the `JointGraph` and the plan's
 tag targets alone, with Thunder's semantics:
 
-* Tagging a tag target recomputes every final forward op with an output of that tag target, and
-  a recomputed op recomputes all its outputs (so their tag targets too): the recomputed ops are a
-  fixpoint.
+* Tagging a tag target X makes every final forward op with X in its `OpNode.tag_units` (for
+  graphs without them: with an output whose tag target is X) recomputable; such an op recomputes
+  all its outputs.
 * Recompute is demand-driven, as Thunder's backward clones only the tagged producers of tensors
   it reads: a needed tensor whose producer is recomputed makes that op's inputs needed in turn;
   any other needed forward tensor is saved. Inputs and parameters are always alive.
@@ -44,8 +44,9 @@ class TensorDecision:
         storage: the tensor owning its memory.
         storage_bytes: bytes of that storage (0 for input storage).
         tag_target: pre-autodiff proxy a tag would go on (None for inputs).
-        recompute_ops: for ``"recompute"``, the forward ops that rebuild it from saved tensors and
-            inputs, in forward order.
+        recompute_ops: for ``"recompute"``: if the backward reads it, the ops the backward runs
+            right before its first reader, in order (ops rerun earlier for another tensor are not
+            repeated); if only a recomputation reads it, its own op.
     """
 
     name: str
@@ -112,7 +113,7 @@ class Derivation:
     """What a set of tag targets implies, derived from the graph alone.
 
     Attributes:
-        tag_targets: the fixpoint of tag targets (a recomputed op recomputes all its outputs).
+        tag_targets: the tag targets.
         recomputed_ops: names of every forward op the tags recompute (demanded or not).
         demanded_ops: the recomputed ops the backward actually runs, in forward order.
         needed: needed forward tensors, in the order first needed.
@@ -129,35 +130,27 @@ class Derivation:
 
 
 def _tag_target_ops(graph: JointGraph) -> dict[str, list[OpNode]]:
+    """Tag target -> the forward ops its tag re-runs."""
     by_target: dict[str, list[OpNode]] = {}
     for op in graph.forward_ops:
-        for out in op.outputs:
-            origin = graph.origins.get(out)
-            if origin is not None and origin.tag_target is not None:
-                by_target.setdefault(origin.tag_target, []).append(op)
+        targets = op.tag_units or tuple(
+            dict.fromkeys(o.tag_target for o in map(graph.origins.get, op.outputs) if o and o.tag_target)
+        )
+        for target in targets:
+            by_target.setdefault(target, []).append(op)
     return by_target
 
 
-def recomputed_op_closure(graph: JointGraph, tag_targets: Iterable[str]) -> tuple[frozenset[str], frozenset[str]]:
-    """Tag targets and forward op names that tagging `tag_targets` recomputes (a fixpoint)."""
+def recomputed_ops(graph: JointGraph, tag_targets: Iterable[str]) -> frozenset[str]:
+    """Names of the forward ops that tagging `tag_targets` makes Thunder recompute (when needed)."""
     by_target = _tag_target_ops(graph)
-    targets, ops, todo = set(), set(), list(tag_targets)
-    while todo:
-        target = todo.pop()
-        if target in targets:
-            continue
-        targets.add(target)
-        for op in by_target.get(target, ()):
-            if op.name in ops:
-                continue
-            ops.add(op.name)
-            todo.extend(o.tag_target for o in map(graph.origins.get, op.outputs) if o and o.tag_target)
-    return frozenset(targets), frozenset(ops)
+    return frozenset(op.name for target in tag_targets for op in by_target.get(target, ()))
 
 
 def derive(graph: JointGraph, tag_targets: Iterable[str]) -> Derivation:
     """Walks the backward's demand from `graph.saved` through the recomputed ops."""
-    targets, recomputed = recomputed_op_closure(graph, tag_targets)
+    targets = frozenset(tag_targets)
+    recomputed = recomputed_ops(graph, targets)
     producers, inputs = graph.producers, set(graph.input_names)
     needed, seen, demanded, saved, unavailable = [], set(), set(), [], []
     todo = list(reversed(graph.saved_names))
@@ -270,24 +263,23 @@ def _simulate_forward(graph: JointGraph, saved: set[str], live: _Live, events: l
 
 
 def _backward_schedule(graph: JointGraph, demanded: Iterable[str]) -> list[tuple[OpNode, bool]]:
-    """Backward ops with demanded recomputed ops inserted right before their first consumer."""
+    """Backward ops with demanded recomputed ops inserted right before their first consumer
+    (depth-first: a recomputed op's recomputed inputs run before it)."""
     by_name = {op.name: op for op in graph.forward_ops}
     rec_producer = {out: by_name[n] for n in demanded for out in by_name[n].outputs}
     done: set[str] = set()
     schedule: list[tuple[OpNode, bool]] = []
-
-    def emit(tensor: str) -> None:
-        op = rec_producer.get(tensor)
-        if op is None or op.name in done:
-            return
-        done.add(op.name)
-        for name in op.inputs:
-            emit(name)
-        schedule.append((op, True))
-
     for op in graph.backward_ops:
         for name in op.inputs:
-            emit(name)
+            stack = [(rec_producer[name], False)] if name in rec_producer else []
+            while stack:
+                node, expanded = stack.pop()
+                if expanded:
+                    schedule.append((node, True))
+                elif node.name not in done:
+                    done.add(node.name)
+                    stack.append((node, True))
+                    stack.extend((rec_producer[i], False) for i in reversed(node.inputs) if i in rec_producer)
         schedule.append((op, False))
     return schedule
 
@@ -373,9 +365,9 @@ def simulate_peak_bytes(graph: JointGraph, plan_or_tag_targets: RematPlan | Iter
 # --------------------------------------------------------------------------------------------
 
 
-def _check_allowed(graph: JointGraph, op_names: Iterable[str], pinned: frozenset[str]) -> list[str]:
+def _check_allowed(graph: JointGraph, op_names: Iterable[str], pinned, targets) -> list[str]:
     """No random, pinned, non-taggable or forward-output-writing op may be recomputed."""
-    errors = []
+    errors = [f"pinned tag target {t} is tagged" for t in sorted(set(targets) & pinned)]
     by_name = {op.name: op for op in graph.forward_ops}
     outputs = set(graph.forward_output_names)
     for name in sorted(op_names, key=lambda n: by_name[n].index):
@@ -388,8 +380,6 @@ def _check_allowed(graph: JointGraph, op_names: Iterable[str], pinned: frozenset
                 errors.append(f"op {name} writes forward output {out}: it cannot be recomputed")
             elif origin is None or not origin.taggable:
                 errors.append(f"op {name} output {out} is not taggable ({origin.reason if origin else 'no origin'})")
-            elif origin.tag_target in pinned:
-                errors.append(f"op {name} output {out} has pinned tag target {origin.tag_target}")
     return errors
 
 
@@ -471,11 +461,8 @@ def check_plan(
     known = set(_tag_target_ops(graph))
     errors = [f"tag target {t} names no forward op's output" for t in plan.recomputed_tag_targets if t not in known]
     derivation = derive(graph, plan.recomputed_tag_targets)
-    if set(plan.recomputed_tag_targets) != derivation.tag_targets:
-        missing = sorted(derivation.tag_targets - set(plan.recomputed_tag_targets))
-        errors.append(f"recomputed_tag_targets not closed: recomputing them also recomputes {missing[:10]}")
     errors += [f"needed tensor {n} is neither saved, recomputed nor an input" for n in derivation.unavailable]
-    errors += _check_allowed(graph, derivation.recomputed_ops, frozenset(pinned))
+    errors += _check_allowed(graph, derivation.recomputed_ops, frozenset(pinned), plan.recomputed_tag_targets)
     errors += _check_recompute_order(graph, plan, set(plan.saved_names))
     errors += _check_decisions(graph, plan, derivation)
     errors += _check_totals(graph, plan, derivation, op_time_s)

@@ -1,20 +1,21 @@
 """The recompute decision problem over a `JointGraph`, as the solvers see it (no Thunder imports).
 
-The unit of decision is a **recompute unit**: the final forward ops that one
-``RECOMPUTE_IN_BACKWARD`` tag reaches. Every final forward op whose outputs carry a tag target
-belongs to that target's unit; an op whose outputs carry several tag targets (``split`` writing q,
-k and v; an SDPA op writing its output and logsumexp) joins their units, because Thunder recomputes
-a tagged op whole. A unit is *allowed* when every output is taggable, no op is random or marked
-``dont_recompute``, no output is a forward output, and none of its tag targets is pinned.
+The unit of decision is a **tag target** X and its **recompute unit**: the final forward ops that a
+``RECOMPUTE_IN_BACKWARD`` tag on X re-runs, i.e. every forward op with X in its
+`OpNode.tag_units` (graphs without `tag_units` fall back to the tag targets of the op's outputs).
+Units may nest: tagging the output of a decomposed op (``norm_x = mean(x * x)``) re-runs its whole
+decomposition, tagging one intermediate of it re-runs only that op. A unit is *allowed* when no op
+is random or marked ``dont_recompute``, every output is taggable and none is a forward output, and
+X is not pinned. An op is *tagged* when one of its units is.
 
 Tagging a set R of units has Thunder's demand-driven effect: starting from the tensors the backward
-reads (`graph.saved`), a needed tensor written by an op of R makes that op run in the backward
+reads (`graph.saved`), a needed tensor written by a tagged op makes that op run in the backward
 (*rerun*) and its inputs needed; any other needed forward tensor is saved; inputs and parameters
 are always alive. Saved bytes count distinct storages (views keep their base alive).
 
 `PeakModel` is a linear lower bound on the simulated step peak (`remat_opt.plan.simulate_step`)
-as a function of which storages are kept at the end of the forward; it is exact for the forward
-and for save-all, and omits only transients of recompute chains in the backward.
+as a function of which tensors are saved; it is exact for the forward and for save-all, and omits
+only liveness changes that recompute chains cause in the backward.
 """
 
 from __future__ import annotations
@@ -37,14 +38,14 @@ REASON_PINNED = "pinned by the user"
 
 @dataclass(frozen=True, slots=True)
 class RecomputeUnit:
-    """The ops one tag recomputes.
+    """The ops one tag re-runs.
 
     Attributes:
-        name: its first tag target (or ``"op:<op name>"`` when its outputs have none).
-        tag_targets: every tag target of its outputs, sorted.
+        name: the tag target.
+        tag_targets: ``(name,)``, what the transform tags for this unit.
         ops: its final forward ops, in forward order.
         outputs: tensors its ops write.
-        inputs: forward tensors its ops read that it does not write (graph inputs excluded).
+        inputs: forward tensors its ops read that they do not write (graph inputs excluded).
         time_s: time of running all its ops once.
         allowed: whether it may be recomputed.
         reason: why not (empty when allowed).
@@ -60,62 +61,52 @@ class RecomputeUnit:
     reason: str = ""
 
 
-def _union_find_groups(graph: JointGraph) -> list[list[OpNode]]:
-    """Forward ops grouped by shared tag targets (connected components), in forward order."""
-    parent: dict[str, str] = {}
+def op_tag_units(graph: JointGraph, op: OpNode) -> tuple[str, ...]:
+    """Tag targets whose tag re-runs `op`: `OpNode.tag_units`, else its outputs' tag targets."""
+    if op.tag_units:
+        return op.tag_units
+    origins = (graph.origins.get(o) for o in op.outputs)
+    return tuple(dict.fromkeys(o.tag_target for o in origins if o is not None and o.tag_target))
 
-    def find(x: str) -> str:
-        while parent.setdefault(x, x) != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
 
+def _ops_by_target(graph: JointGraph) -> dict[str, list[OpNode]]:
+    by_target: dict[str, list[OpNode]] = {}
     for op in graph.forward_ops:
-        for out in op.outputs:
-            origin = graph.origins.get(out)
-            target = origin.tag_target if origin is not None and origin.tag_target else f"op:{op.name}"
-            parent[find(f"target:{target}")] = find(f"op:{op.name}")
-        find(f"op:{op.name}")
-    groups: dict[str, list[OpNode]] = {}
-    for op in graph.forward_ops:
-        groups.setdefault(find(f"op:{op.name}"), []).append(op)
-    return list(groups.values())
+        for target in op_tag_units(graph, op):
+            by_target.setdefault(target, []).append(op)
+    return by_target
 
 
-def _disallow_reason(graph: JointGraph, ops: list[OpNode], pinned: frozenset[str]) -> str:
+def _disallow_reason(graph: JointGraph, target: str, ops: list[OpNode], pinned: frozenset[str]) -> str:
+    if target in pinned:
+        return f"{REASON_PINNED}: {target}"
     outputs = set(graph.forward_output_names)
     for op in ops:
         if "random" in op.op_tags:
-            return REASON_RANDOM_OP
+            return f"{REASON_RANDOM_OP}: {op.name}"
         if "dont_recompute" in op.op_tags:
-            return REASON_DONT_RECOMPUTE
+            return f"{REASON_DONT_RECOMPUTE}: {op.name}"
         for out in op.outputs:
             origin = graph.origins.get(out)
             if out in outputs:
-                return REASON_FORWARD_OUTPUT
-            if origin is None or not origin.taggable or origin.tag_target is None:
+                return f"{REASON_FORWARD_OUTPUT}: {out}"
+            if origin is None or not origin.taggable:
                 return f"{REASON_NOT_TAGGABLE}: {out} ({origin.reason if origin else 'no origin'})"
-            if origin.tag_target in pinned:
-                return f"{REASON_PINNED}: {origin.tag_target}"
     return ""
 
 
-def _make_unit(graph: JointGraph, ops: list[OpNode], op_time_s, pinned: frozenset[str]) -> RecomputeUnit:
+def _make_unit(graph: JointGraph, target: str, ops: list[OpNode], op_time_s, pinned) -> RecomputeUnit:
     outputs = tuple(dict.fromkeys(o for op in ops for o in op.outputs))
     written, graph_inputs = set(outputs), set(graph.input_names)
     inputs = tuple(dict.fromkeys(i for op in ops for i in op.inputs if i not in written and i not in graph_inputs))
-    targets = sorted({graph.origins[o].tag_target for o in outputs if o in graph.origins and graph.origins[o].tag_target})
-    first = graph.origins.get(ops[0].outputs[0]) if ops[0].outputs else None
-    name = first.tag_target if first is not None and first.tag_target else f"op:{ops[0].name}"
-    reason = _disallow_reason(graph, ops, pinned)
-    time_s = sum(float(op_time_s[op.name]) for op in ops) if not reason else 0.0
+    reason = _disallow_reason(graph, target, ops, pinned)
     return RecomputeUnit(
-        name=name,
-        tag_targets=tuple(targets),
+        name=target,
+        tag_targets=(target,),
         ops=tuple(op.name for op in ops),
         outputs=outputs,
         inputs=inputs,
-        time_s=time_s,
+        time_s=sum(float(op_time_s.get(op.name, 0.0)) for op in ops),
         allowed=not reason,
         reason=reason,
     )
@@ -152,25 +143,49 @@ class RecomputeProblem:
             KeyError: an op of an allowed unit has no time.
         """
         pinned = frozenset(pinned)
-        missing = [op.name for op in graph.forward_ops if op.name not in op_time_s]
         units = {}
-        for ops in _union_find_groups(graph):
-            unit = _make_unit(graph, ops, {**{m: 0.0 for m in missing}, **op_time_s}, pinned)
-            if unit.allowed and any(op in missing for op in unit.ops):
-                raise KeyError(f"op_time_s has no time for ops {[o for o in unit.ops if o in missing]}")
-            units[unit.name] = unit
+        for target, ops in _ops_by_target(graph).items():
+            unit = _make_unit(graph, target, ops, op_time_s, pinned)
+            missing = [o for o in unit.ops if o not in op_time_s]
+            if unit.allowed and missing:
+                raise KeyError(f"op_time_s has no time for ops {missing} (tag target {target})")
+            units[target] = unit
         return cls(graph=graph, units=units, op_time_s=dict(op_time_s), pinned=pinned)
 
     # ---- derived views -------------------------------------------------------------------
 
     @cached_property
+    def units_of_op(self) -> dict[str, tuple[str, ...]]:
+        """Forward op -> the allowed units that re-run it, smallest first."""
+        found: dict[str, list[str]] = {}
+        for unit in self.units.values():
+            for op in unit.ops if unit.allowed else ():
+                found.setdefault(op, []).append(unit.name)
+        return {op: tuple(sorted(names, key=lambda u: len(self.units[u].ops))) for op, names in found.items()}
+
+    @cached_property
+    def rerunnable_ops(self) -> tuple[str, ...]:
+        """Forward ops some allowed unit re-runs, in forward order."""
+        return tuple(op.name for op in self.graph.forward_ops if op.name in self.units_of_op)
+
+    @cached_property
+    def forward_tensors(self) -> tuple[str, ...]:
+        """Tensors written by forward ops, in order."""
+        return tuple(dict.fromkeys(o for op in self.graph.forward_ops for o in op.outputs))
+
+    @cached_property
     def unit_of_op(self) -> dict[str, str]:
-        return {op: unit.name for unit in self.units.values() for op in unit.ops}
+        """Forward op -> the smallest allowed unit re-running it, else the smallest unit (for reasons)."""
+        smallest: dict[str, str] = {}
+        for unit in sorted(self.units.values(), key=lambda u: (u.allowed, -len(u.ops))):
+            smallest.update(dict.fromkeys(unit.ops, unit.name))
+        return smallest
 
     @cached_property
     def unit_of_tensor(self) -> dict[str, str]:
-        """Forward tensor -> the unit writing it."""
-        return {t: unit.name for unit in self.units.values() for t in unit.outputs}
+        """Forward tensor -> `unit_of_op` of the op writing it."""
+        ops = (op for op in self.graph.forward_ops if op.name in self.unit_of_op)
+        return {t: self.unit_of_op[op.name] for op in ops for t in op.outputs}
 
     @cached_property
     def ops_by_name(self) -> dict[str, OpNode]:
@@ -203,8 +218,8 @@ class RecomputeProblem:
             ``(needed, saved, rerun_ops)``: needed tensors in first-needed order, the saved ones
             among them in that order, and the ops run in the backward, in forward order.
         """
-        tagged, inputs = set(units), set(self.graph.input_names)
-        producers = self.graph.producers
+        tagged = {op for u in units for op in self.units[u].ops}
+        inputs, producers = set(self.graph.input_names), self.graph.producers
         needed, seen, saved, rerun = [], set(), [], set()
         stack = list(reversed(self.graph.saved_names))
         while stack:
@@ -216,7 +231,7 @@ class RecomputeProblem:
             if name in inputs:
                 continue
             op = producers[name]
-            if self.unit_of_op[op.name] in tagged:
+            if op.name in tagged:
                 rerun.add(op.name)
                 stack.extend(reversed(op.inputs))
             else:
@@ -236,10 +251,15 @@ class RecomputeProblem:
         return sum(float(self.op_time_s[op]) for op in rerun)
 
     def effective_units(self, units: Iterable[str]) -> tuple[str, ...]:
-        """The units among `units` that rerun at least one op, in forward order."""
+        """A subset of `units` with the same rerun ops (each kept unit adds one), in forward order."""
         _, _, rerun = self.demand(units)
-        used = {self.unit_of_op[op] for op in rerun}
-        return tuple(u for u in self.units if u in used)
+        rerun_set, covered, kept = set(rerun), set(), set()
+        for u in sorted(set(units), key=lambda u: -len(rerun_set.intersection(self.units[u].ops))):
+            new = rerun_set.intersection(self.units[u].ops) - covered
+            if new:
+                kept.add(u)
+                covered |= new
+        return tuple(u for u in self.units if u in kept)
 
     def check_allowed(self, units: Iterable[str]) -> None:
         bad = [f"{u} ({self.units[u].reason})" for u in units if not self.units[u].allowed]
@@ -248,25 +268,42 @@ class RecomputeProblem:
 
     # ---- plans --------------------------------------------------------------------------
 
+    def _first_runs(self, rerun: list[str]) -> dict[str, tuple[str, ...]]:
+        """Tensor the backward reads -> rerun ops run right before its first reader, in order."""
+        rerun_set, producers = set(rerun), self.graph.producers
+        done: set[str] = set()
+        runs: dict[str, tuple[str, ...]] = {}
+        for op in self.graph.backward_ops:
+            for name in op.inputs:
+                producer = producers.get(name)
+                if producer is None or producer.name not in rerun_set or producer.name in done:
+                    continue
+                emitted, stack = [], [(producer, False)]
+                while stack:  # depth-first, inputs before the op, as the backward runs them
+                    node, expanded = stack.pop()
+                    if expanded:
+                        emitted.append(node.name)
+                        continue
+                    if node.name in done:
+                        continue
+                    done.add(node.name)
+                    stack.append((node, True))
+                    for i in reversed(node.inputs):
+                        p = producers.get(i)
+                        if p is not None and p.name in rerun_set and p.name not in done:
+                            stack.append((p, False))
+                runs[name] = tuple(emitted)
+        return runs
+
     def _decisions(self, needed: list[str], saved: list[str], rerun: list[str]) -> tuple[TensorDecision, ...]:
-        saved_set, inputs, rerun_set = set(saved), set(self.graph.input_names), set(rerun)
-        chains: dict[str, frozenset[str]] = {}
-
-        def chain(name: str) -> frozenset[str]:
-            # The rerun ops that rebuild `name` (memoized; recursion depth is the chain length).
-            op = self.graph.producers.get(name)
-            if name in inputs or name in saved_set or op is None or op.name not in rerun_set:
-                return frozenset()
-            if name not in chains:
-                chains[name] = frozenset({op.name}).union(*(chain(i) for i in op.inputs))
-            return chains[name]
-
-        index = {op: i for i, op in enumerate(rerun)}
+        saved_set, inputs = set(saved), set(self.graph.input_names)
+        runs = self._first_runs(rerun)
         decisions = []
         for name in needed:
             tensor = self.graph.tensors[name]
             action = INPUT if name in inputs else SAVE if name in saved_set else RECOMPUTE
             origin = self.graph.origins.get(name)
+            ops = runs.get(name, (self.graph.producers[name].name,)) if action == RECOMPUTE else ()
             decisions.append(
                 TensorDecision(
                     name=name,
@@ -274,7 +311,7 @@ class RecomputeProblem:
                     storage=tensor.storage,
                     storage_bytes=0 if self.storage_of(name) is None else tensor.storage_bytes,
                     tag_target=origin.tag_target if origin is not None else None,
-                    recompute_ops=tuple(sorted(chain(name), key=index.__getitem__)) if action == RECOMPUTE else (),
+                    recompute_ops=ops,
                 )
             )
         return tuple(decisions)
@@ -375,7 +412,7 @@ class PeakModel:
                     aliases.setdefault(tensors[out].storage, []).append(out)
         return cls(
             const=np.cumsum(diff)[:-1] + baseline,
-            labels=tuple(op.name for op in graph.forward_ops) + ("backward start",) + tuple(op.name for op in graph.backward_ops),
+            labels=(*(op.name for op in graph.forward_ops), "backward start", *(op.name for op in graph.backward_ops)),
             storage_lo={s: last_fwd[s] + 1 for s in first},
             alias_hi={a: n_fwd + 1 + reads[a] if a in reads else n_fwd for s in aliases for a in aliases[s]},
             covered=covered,

@@ -7,14 +7,23 @@ from dataclasses import asdict
 from remat_opt.graph import JointGraph
 
 
-def format_bytes(n_bytes: int) -> str:
-    """`1536` -> ``"1.50 KiB"``; binary units, two decimals."""
-    value = float(n_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:,.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+_UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+
+
+def format_bytes(n_bytes: int | float) -> str:
+    """Formats a byte count with a binary unit and two decimals.
+
+    Args:
+        n_bytes: Number of bytes; may be negative (a delta).
+
+    Returns:
+        For example ``"512 B"``, ``"1.50 KiB"``, ``"6.00 MiB"``, ``"2.25 GiB"``.
+    """
+    magnitude = abs(n_bytes)
+    for unit, size in _UNITS:
+        if magnitude >= size:
+            return f"{n_bytes / size:.2f} {unit}"
+    return f"{int(n_bytes)} B"
 
 
 def saved_groups(graph: JointGraph) -> list[dict]:
@@ -84,7 +93,7 @@ def inspect_report(graph: JointGraph, *, spec=None, analysis_s: float | None = N
     }
 
 
-def _table(rows: list[list[str]], header: list[str]) -> list[str]:
+def render_table(rows: list[list[str]], header: list[str]) -> list[str]:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
     return [fmt.format(*header), *(fmt.format(*map(str, r)) for r in rows)]
@@ -108,7 +117,7 @@ def render_inspect(report: dict) -> str:
         [g["op"], g["tensors"], g["storages"], format_bytes(g["bytes"]), f"{100 * g['bytes'] / max(total, 1):.1f}%"]
         for g in report["groups"]
     ]
-    lines += ["  " + line for line in _table(rows, ["op", "tensors", "storages", "bytes", "share"])]
+    lines += ["  " + line for line in render_table(rows, ["op", "tensors", "storages", "bytes", "share"])]
     lines += ["", f"largest saved storages (top {len(report['top'])}):"]
     rows = [
         [t["name"], "x".join(map(str, t["shape"])), t["dtype"], format_bytes(t["bytes"]), t["producer"],
@@ -116,7 +125,7 @@ def render_inspect(report: dict) -> str:
         for t in report["top"]
     ]
     header = ["tensor", "shape", "dtype", "bytes", "producer", "tag target", "reason"]
-    lines += ["  " + line for line in _table(rows, header)]
+    lines += ["  " + line for line in render_table(rows, header)]
     lines += [f"note: {n}" for n in report["notes"]]
     if report["analysis_s"] is not None:
         lines.append(f"analysis took {report['analysis_s']:.1f} s")

@@ -102,17 +102,18 @@ def block_ties(problem: RecomputeProblem, blocks: RepeatedBlocks) -> Ties:
     for name, canonical in op_tie.items():
         outs, canonical_outs = by_name[name].outputs, by_name[canonical].outputs
         tensor_tie.update(zip(outs, canonical_outs) if len(outs) == len(canonical_outs) else ())
+    unit_by_ops = {unit.ops: unit for unit in problem.units.values()}
     unit_tie = {}
     for unit in problem.units.values():
         if not all(op in op_tie for op in unit.ops):
             continue
-        target = problem.units[problem.unit_of_op[op_tie[unit.ops[0]]]]
-        if tuple(op_tie[o] for o in unit.ops) == target.ops and unit.allowed == target.allowed:
-            unit_tie[unit.name] = target.name
+        twin = unit_by_ops.get(tuple(op_tie[o] for o in unit.ops))
+        if twin is not None and twin.allowed == unit.allowed:
+            unit_tie[unit.name] = twin.name
     storage_tie = {}
     for tensor, canonical in tensor_tie.items():
-        node, canonical_node = graph.tensors[tensor], graph.tensors[canonical]
-        if node.storage == tensor and canonical_node.storage == canonical and node.storage_bytes == canonical_node.storage_bytes:
+        node, twin = graph.tensors[tensor], graph.tensors[canonical]
+        if node.storage == tensor and twin.storage == canonical and node.storage_bytes == twin.storage_bytes:
             storage_tie[tensor] = canonical
     maps = {"unit": unit_tie, "op": op_tie, "tensor": tensor_tie, "storage": storage_tie}
     return Ties(maps=maps, blocks=blocks)

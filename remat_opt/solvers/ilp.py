@@ -2,17 +2,22 @@
 
 Symbols (CP-SAT variable names in brackets), all 0/1:
 
-* ``r[u]`` (``recompute_{unit}``): unit u is tagged ``RECOMPUTE_IN_BACKWARD``.
+* ``r[u]`` (``recompute_{unit}``): unit (tag target) u is tagged ``RECOMPUTE_IN_BACKWARD``.
+* ``T[o]``: op o is tagged: ``r`` of its unit, or ``t[o]`` (``tagged_{op}``) when several
+  (nested) units re-run it, with ``t[o] >= r[u]`` and ``t[o] <= sum r[u]`` over them.
 * ``d[o]`` (``rerun_{op}``): forward op o runs again in the backward.
 * ``s[t]`` (``save_{tensor}``): tensor t is saved for backward.
 * ``k[s]`` (``keep_{storage}``): storage s stays alive from the forward into the backward.
 
-With N0 the tensors the backward reads, u(t) the unit and o(t) the op writing t:
+With N0 the tensors the backward reads and o(t) the op writing t:
 
-* needed by the backward: ``s[t] + r[u(t)] >= 1`` and ``d[o(t)] >= r[u(t)]`` for t in N0;
-* a rerun op belongs to a tagged unit: ``d[o] <= r[u(o)]``;
-* inputs of a rerun op: ``s[x] + r[u(x)] >= d[o]`` and ``d[o(x)] >= d[o] + r[u(x)] - 1``;
+* needed by the backward: ``s[t] + T[o(t)] >= 1`` and ``d[o(t)] >= T[o(t)]`` for t in N0;
+* a rerun op is tagged: ``d[o] <= T[o]``;
+* inputs of a rerun op: ``s[x] + T[o(x)] >= d[o]`` and ``d[o(x)] >= d[o] + T[o(x)] - 1``;
 * a saved tensor keeps its storage: ``k[storage(t)] >= s[t]`` (input storages are free);
+* only demanded ops rerun (untied models, so that each plan has one assignment and a no-good cut
+  removes exactly one plan): ``d[o] <= sum d[readers of o's outputs]`` unless the backward reads
+  an output of o, and ``r[u] <= sum d[o in u]``;
 * saved budget: ``sum bytes[s] k[s] <= budget_bytes``;
 * peak budget: ``const[e] + sum bytes[s] y[e, s] <= peak_budget_bytes`` for events e of
   `PeakModel` (a lower bound on the simulated peak), where ``y[e, s] >= s[a]`` for each alias a
@@ -20,7 +25,8 @@ With N0 the tensors the backward reads, u(t) the unit and o(t) the op writing t:
   solve the plan is simulated; a violated event adds its row; where the simulation exceeds the
   budget at a backward op the saved-only row misses, a schedule-aware row (`schedule_rows`) is
   added there; a plan that still passes every row (a recompute-event transient) is cut off by a
-  no-good cut on ``d``.
+  no-good cut on ``d``. Tied (large) models instead lower the model's peak budget by the
+  simulated overshoot and bisect it, reporting the gap to the first relaxation's bound.
 * objective: ``min sum time[o] d[o]`` (time in integer `time_quantum_s` units).
 
 Units not allowed (random ops, pinned, non-taggable, forward outputs) have no ``r``/``d``
@@ -44,10 +50,11 @@ from remat_opt.solvers.blocks import Ties, choose_ties
 from remat_opt.solvers.mincut import mincut_sweep
 from remat_opt.solvers.schedule_rows import add_schedule_row
 
-Key = tuple[str, str]  # (kind, name): kind is "r", "d", "s" or "k"
-_TIE_KIND = {"r": "unit", "d": "op", "s": "tensor", "k": "storage"}
+Key = tuple[str, str]  # (kind, name): kind is a key of _VAR_PREFIX
+_TIE_KIND = {"r": "unit", "d": "op", "t": "op", "s": "tensor", "k": "storage"}
 _VAR_PREFIX = {
     "r": "recompute",
+    "t": "tagged",
     "d": "rerun",
     "s": "save",
     "k": "keep",
@@ -74,7 +81,8 @@ class ILPOptions:
         exact_peak: refine against the simulated peak exactly (schedule rows, no-good cuts), or
             (False) lower the model's peak budget by the simulated overshoot; None: exact when
             blocks are not tied.
-        max_shrinks: most budget lowerings when not exact.
+        max_shrinks: most model-budget trials when not exact.
+        peak_tolerance: stop that search once the bracket is this fraction of the budget.
         tiebreak_saved_bytes: among plans of least time, take one with least saved bytes (a second
             solve, given at most a fifth of the time limit).
         random_seed: CP-SAT seed.
@@ -88,6 +96,7 @@ class ILPOptions:
     max_refinements: int = 200
     exact_peak: bool | None = None
     max_shrinks: int = 8
+    peak_tolerance: float = 2e-3
     tiebreak_saved_bytes: bool = True
     random_seed: int = 0
 
@@ -97,59 +106,65 @@ class ILPOptions:
 # --------------------------------------------------------------------------------------------
 
 
+def _tagged_key(problem: RecomputeProblem, op: str) -> Key | None:
+    """The variable 'op is tagged': its unit's ``r``, ``t[op]`` when several units re-run it."""
+    units = problem.units_of_op.get(op, ())
+    if not units:
+        return None
+    return ("r", units[0]) if len(units) == 1 else ("t", op)
+
+
 def _families(problem: RecomputeProblem, exact_demand: bool) -> Iterator[tuple[list[tuple[Key, int]], int]]:
     """Yields ``(terms, lower)`` meaning ``sum(coef * var) >= lower``, family by family."""
     producers, inputs = problem.graph.producers, set(problem.graph.input_names)
-    units, unit_of = problem.units, problem.unit_of_tensor
-    needed = set(problem.needed_by_backward)
     saved_vars: dict[str, None] = {}
-    # Needed by the backward: saved, or recomputed by rerunning its op.
+    # An op re-run by several units is tagged iff one of them is.
+    for o in problem.rerunnable_ops:
+        units = problem.units_of_op[o]
+        if len(units) > 1:
+            yield from (([(("t", o), 1), (("r", u), -1)], 0) for u in units)
+            yield [*((("r", u), 1) for u in units), (("t", o), -1)], 0
+    # Needed by the backward: saved, or recomputed by rerunning its (tagged) op.
     for t in problem.needed_by_backward:
-        u, o = units[unit_of[t]], producers[t].name
+        o, tagged = producers[t].name, _tagged_key(problem, producers[t].name)
         saved_vars[t] = None
-        if u.allowed:
-            yield [(("s", t), 1), (("r", u.name), 1)], 1
-            yield [(("d", o), 1), (("r", u.name), -1)], 0
+        if tagged is not None:
+            yield [(("s", t), 1), (tagged, 1)], 1
+            yield [(("d", o), 1), (tagged, -1)], 0
         else:
             yield [(("s", t), 1)], 1
     readers: dict[str, list[str]] = {}
-    for u in units.values():
-        if not u.allowed:
-            continue
-        for o in u.ops:
-            # A rerun op belongs to a tagged unit.
-            yield [(("r", u.name), 1), (("d", o), -1)], 0
-            for x in dict.fromkeys(problem.ops_by_name[o].inputs):
-                if x in inputs:
-                    continue
-                ux, ox = units[unit_of[x]], producers[x].name
-                saved_vars[x] = None
-                readers.setdefault(ox, []).append(o)
-                # Inputs of a rerun op: saved, or rebuilt by rerunning their own op.
-                if ux.allowed:
-                    yield [(("s", x), 1), (("r", ux.name), 1), (("d", o), -1)], 0
-                    yield [(("d", ox), 1), (("d", o), -1), (("r", ux.name), -1)], -1
-                else:
-                    yield [(("s", x), 1), (("d", o), -1)], 0
+    for o in problem.rerunnable_ops:
+        # A rerun op is tagged.
+        yield [(_tagged_key(problem, o), 1), (("d", o), -1)], 0
+        for x in dict.fromkeys(problem.ops_by_name[o].inputs):
+            if x in inputs:
+                continue
+            ox = producers[x].name
+            tagged, saved_vars[x] = _tagged_key(problem, ox), None
+            readers.setdefault(ox, []).append(o)
+            # Inputs of a rerun op: saved, or rebuilt by rerunning their own (tagged) op.
+            if tagged is not None:
+                yield [(("s", x), 1), (tagged, 1), (("d", o), -1)], 0
+                yield [(("d", ox), 1), (("d", o), -1), (tagged, -1)], -1
+            else:
+                yield [(("s", x), 1), (("d", o), -1)], 0
     # A saved tensor keeps its storage alive (storages of inputs and parameters are free).
     for t in saved_vars:
         storage = problem.storage_of(t)
         if storage is not None:
             yield [(("k", storage), 1), (("s", t), -1)], 0
     if exact_demand:
-        yield from _demand_upper_bounds(problem, needed, readers)
+        yield from _demand_upper_bounds(problem, set(problem.needed_by_backward), readers)
 
 
 def _demand_upper_bounds(problem: RecomputeProblem, needed: set[str], readers: dict[str, list[str]]):
-    """Only demanded ops rerun, only units that rerun an op are tagged: one (r, d) per plan."""
-    for u in problem.units.values():
-        if not u.allowed:
-            continue
+    """Only demanded ops rerun, only units that rerun an op are tagged: one ``d`` per plan."""
+    for name in problem.allowed_units:
         # A tagged unit reruns at least one of its ops.
-        yield [*((("d", o), 1) for o in u.ops), (("r", u.name), -1)], 0
-        for o in u.ops:
-            if any(t in needed for t in problem.ops_by_name[o].outputs):
-                continue
+        yield [*((("d", o), 1) for o in problem.units[name].ops), (("r", name), -1)], 0
+    for o in problem.rerunnable_ops:
+        if not any(t in needed for t in problem.ops_by_name[o].outputs):
             # An op reruns only if a rerun op reads its output.
             yield [*((("d", c), 1) for c in dict.fromkeys(readers.get(o, ()))), (("d", o), -1)], 0
 
@@ -190,7 +205,7 @@ class _Formulation:
             self.storages.update(name for (kind, name), _ in terms if kind == "k")
             self.saved_tensors.update(name for (kind, name), _ in terms if kind == "s")
         self.byte_weights = self._weights(((s, problem.storage_bytes(s)) for s in self.storages), "k")
-        op_times = ((o, round(problem.op_time_s[o] / options.time_quantum_s)) for u in problem.allowed_units for o in problem.units[u].ops)
+        op_times = ((o, round(problem.op_time_s[o] / options.time_quantum_s)) for o in problem.rerunnable_ops)
         self.time_weights = self._weights(op_times, "d")
         self.byte_gcd = math.gcd(*self.byte_weights.values()) or 1
 
@@ -355,7 +370,8 @@ def _refine(form: _Formulation, peak_budget_bytes, model_peak_bytes, deadline: f
                 continue
             fits, over, peak = _simulated_violation(problem, solution.units, peak_budget_bytes)
             if not fits and not exact:
-                return _Outcome(None, "overshoot", solution.objective, solution.bound, tuple(notes), peak - peak_budget_bytes)
+                over = peak - peak_budget_bytes
+                return _Outcome(None, "overshoot", solution.objective, solution.bound, tuple(notes), over)
             new_rows = [j for j in over if j not in form.schedule_rows]
             if new_rows:
                 form.schedule_rows.add(new_rows[0])
@@ -396,7 +412,7 @@ def _solve(problem, ties: Ties, options: ILPOptions, budgets: Budgets, deadline:
             model_peak = (low + high) // 2
         else:
             break
-        if low is not None and high - low <= 1:
+        if low is not None and high - low <= max(1, options.peak_tolerance * budgets.peak_bytes):
             break
     if best is None:
         return _Outcome(None, "timeout", notes=("no model peak budget gave a fitting plan",)), form
@@ -553,7 +569,8 @@ def solve_ilp(
         units = _tiebreak(form, outcome, budgets, deadline)
     notes = list(outcome.notes)
     if ties.tied:
-        notes.append(f"tied {ties.blocks.count} repeated blocks of {ties.blocks.period} ops: optimal among block-uniform plans")
+        blocks = ties.blocks
+        notes.append(f"tied {blocks.count} repeated blocks of {blocks.period} ops: optimal among block-uniform plans")
     gap = {"optimal": 0.0, "fallback": None}.get(outcome.status)
     if outcome.status == "feasible":
         gap = (outcome.objective - outcome.bound) / max(outcome.objective, 1e-30)

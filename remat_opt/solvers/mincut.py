@@ -1,20 +1,22 @@
 """Global min-cut (networkx): least saved bytes plus recompute time priced in bytes (Lagrangian).
 
-The cut graph (node names from `cut_node`):
+The cut graph (node names from `cut_node`): ``source`` is what the forward computed, ``sink`` is
+what the backward reads; nodes on the sink side are recomputed.
 
-* ``source`` is what the forward computed; ``sink`` is what the backward reads.
 * each forward tensor t is split into ``t:in -> t:out`` with capacity = bytes of its storage
   (0 for views of inputs): cutting it means saving t;
-* each allowed unit U has a node with ``source -> U`` of capacity ``weight * time(U)``: U on the
-  sink side means U is recomputed, paying its time priced at `weight` bytes per second;
-* infinite edges, each with a ``reason``: ``t:out -> sink`` (the backward reads t),
-  ``x:out -> U`` (recomputing U reads x), ``U <-> y:in`` (a tag recomputes all of U's outputs) and
-  ``source -> y:in`` for outputs of units that may not be recomputed.
+* each allowed unit U (tag target) has ``source -> unit:U`` of capacity ``weight * time(U)``:
+  U on the sink side means U is tagged, paying its time priced at `weight` bytes per second;
+* infinite edges, each with a ``reason``: ``t:out -> sink`` (the backward reads t);
+  ``op:o -> unit:U`` for o in U (a tagged unit re-runs all its ops); ``unit:U -> op:o`` for the
+  smallest unit U of o (a re-run op is paid for); ``x:out -> op:o`` (re-running o reads x);
+  ``op:o <-> y:in`` (a re-run op rewrites its outputs, and only a re-run op does);
+  ``source -> y:in`` for outputs of ops no allowed unit re-runs.
 
 Sweeping the weight from ~0 (least saved bytes) to large (save everything) traces a Pareto front
 of (saved bytes, recompute time); with a budget, the least-time plan of the sweep that meets it is
-returned (exactly evaluated: saved bytes by storage, simulated peak). Views aliasing one storage
-are priced once per view in the cut (an over-estimate the exact evaluation corrects).
+returned (exactly evaluated: saved bytes by storage, simulated peak). The cut over-prices views
+aliasing one storage and units whose ops are not all needed; the exact evaluation corrects both.
 """
 
 from __future__ import annotations
@@ -56,8 +58,11 @@ class MinCutOptions:
 
 
 def cut_node(name: str, side: str | None = None) -> str:
-    """Node name: ``f"{tensor}:in"``/``f"{tensor}:out"`` for a tensor side, ``f"unit:{name}"``."""
-    return f"unit:{name}" if side is None else f"{name}:{side}"
+    """Node name: ``f"{tensor}:in"``/``f"{tensor}:out"``, ``f"op:{op}"`` (side ``"op"``) or
+    ``f"unit:{unit}"`` (no side)."""
+    if side is None:
+        return f"unit:{name}"
+    return f"op:{name}" if side == "op" else f"{name}:{side}"
 
 
 def _add_edge(g: nx.DiGraph, u: str, v: str, *, capacity: int | None = None, reason: str | None = None) -> None:
@@ -79,29 +84,50 @@ def _add_edge(g: nx.DiGraph, u: str, v: str, *, capacity: int | None = None, rea
 
 
 def build_cut_graph(problem: RecomputeProblem, weight_bytes_per_s: float, ties: Ties = Ties()) -> nx.DiGraph:
-    """The flow network described in the module docstring; tied names share one node."""
-    tensor, unit_name = (lambda t: ties.of("tensor", t)), (lambda u: ties.of("unit", u))
+    """The flow network described in the module docstring; tied names share one node.
+
+    Each ``source -> unit:U`` edge also carries ``seconds`` (U's recompute time), so `set_weight`
+    can re-price the same graph.
+    """
+    tensor, op_node = (lambda t: ties.of("tensor", t)), (lambda o: cut_node(ties.of("op", o), "op"))
     g = nx.DiGraph()
-    for t in problem.unit_of_tensor:
+    g.add_nodes_from((SOURCE, SINK))
+    for t in problem.forward_tensors:
         storage = problem.storage_of(t)
         capacity = problem.storage_bytes(storage) if storage else 0
         _add_edge(g, cut_node(tensor(t), "in"), cut_node(tensor(t), "out"), capacity=capacity)
     for t in problem.needed_by_backward:
         _add_edge(g, cut_node(tensor(t), "out"), SINK, reason=f"the backward reads {t}")
-    for unit in problem.units.values():
-        if not unit.allowed:
-            for y in unit.outputs:
-                reason = f"{unit.name} may not be recomputed: {unit.reason}"
+    for op in problem.graph.forward_ops:
+        units = problem.units_of_op.get(op.name, ())
+        for y in op.outputs:
+            if not units:
+                reason = f"no allowed tag target re-runs {op.name}"
                 _add_edge(g, SOURCE, cut_node(tensor(y), "in"), reason=reason)
-            continue
-        node = cut_node(unit_name(unit.name))
-        _add_edge(g, SOURCE, node, capacity=round(weight_bytes_per_s * unit.time_s))
-        for x in unit.inputs:
-            _add_edge(g, cut_node(tensor(x), "out"), node, reason=f"recomputing {unit.name} reads {x}")
-        for y in unit.outputs:
-            _add_edge(g, node, cut_node(tensor(y), "in"), reason=f"{unit.name} writes {y}")
-            _add_edge(g, cut_node(tensor(y), "in"), node, reason=f"one tag recomputes all outputs of {unit.name}")
+                continue
+            _add_edge(g, op_node(op.name), cut_node(tensor(y), "in"), reason=f"re-running {op.name} rewrites {y}")
+            _add_edge(g, cut_node(tensor(y), "in"), op_node(op.name), reason=f"only re-running {op.name} rewrites {y}")
+        for x in op.inputs if units else ():
+            if x in problem.graph.producers:
+                _add_edge(g, cut_node(tensor(x), "out"), op_node(op.name), reason=f"re-running {op.name} reads {x}")
+        for name in units:
+            _add_edge(g, op_node(op.name), cut_node(ties.of("unit", name)), reason=f"tagging {name} re-runs {op.name}")
+        if units:
+            paid = f"re-running {op.name} tags {units[0]}"
+            _add_edge(g, cut_node(ties.of("unit", units[0])), op_node(op.name), reason=paid)
+    for name in problem.allowed_units:
+        node = cut_node(ties.of("unit", name))
+        _add_edge(g, SOURCE, node, capacity=0)
+        g.edges[SOURCE, node]["seconds"] = g.edges[SOURCE, node].get("seconds", 0.0) + problem.units[name].time_s
+    set_weight(g, weight_bytes_per_s)
     return g
+
+
+def set_weight(g: nx.DiGraph, weight_bytes_per_s: float) -> None:
+    """Prices recompute at `weight_bytes_per_s`: ``source -> U`` capacity = weight * seconds."""
+    for _, _, data in g.out_edges(SOURCE, data=True):
+        if "seconds" in data:
+            data["capacity"] = round(weight_bytes_per_s * data["seconds"])
 
 
 def _infinite_path(g: nx.DiGraph) -> str:
@@ -110,9 +136,19 @@ def _infinite_path(g: nx.DiGraph) -> str:
     return " -> ".join(f"{u}->{v} ({g.edges[u, v]['reason']})" for u, v in zip(path, path[1:]))
 
 
-def mincut_units(problem: RecomputeProblem, weight_bytes_per_s: float, ties: Ties = Ties()) -> tuple[str, ...]:
-    """Units on the sink side of a minimum cut at one weight (the units to recompute)."""
-    g = build_cut_graph(problem, weight_bytes_per_s, ties)
+def mincut_units(
+    problem: RecomputeProblem, weight_bytes_per_s: float, ties: Ties = Ties(), graph: nx.DiGraph | None = None
+) -> tuple[str, ...]:
+    """Units on the sink side of a minimum cut at one weight (the units to recompute).
+
+    Args:
+        problem: the recompute problem.
+        weight_bytes_per_s: price of a second of recompute, in bytes.
+        ties: names sharing one node.
+        graph: a graph from `build_cut_graph` with the same ties, re-priced in place.
+    """
+    g = graph if graph is not None else build_cut_graph(problem, weight_bytes_per_s, ties)
+    set_weight(g, weight_bytes_per_s)
     try:
         _, (_, sink_side) = nx.minimum_cut(g, SOURCE, SINK, flow_func=boykov_kolmogorov)
     except nx.NetworkXUnbounded as e:
@@ -123,7 +159,8 @@ def mincut_units(problem: RecomputeProblem, weight_bytes_per_s: float, ties: Tie
 def default_weight(problem: RecomputeProblem) -> float:
     """Bytes the forward writes per second of forward time: recompute what frees more than that."""
     graph = problem.graph
-    written = sum(graph.tensors[o].nbytes for op in graph.forward_ops for o in op.outputs if graph.tensors[o].storage == o)
+    fresh = [o for op in graph.forward_ops for o in op.outputs if graph.tensors[o].storage == o]
+    written = sum(graph.tensors[o].nbytes for o in fresh)
     seconds = sum(problem.op_time_s.get(op.name, 0.0) for op in graph.forward_ops)
     return written / seconds if seconds > 0 else 1.0
 
@@ -131,7 +168,7 @@ def default_weight(problem: RecomputeProblem) -> float:
 def weight_grid(problem: RecomputeProblem, n_weights: int) -> list[float]:
     """Geometric weights from 'recompute is nearly free' to 'recompute costs more than all bytes'."""
     times = [problem.units[u].time_s for u in problem.allowed_units if problem.units[u].time_s > 0]
-    sizes = [problem.storage_bytes(s) for s in {problem.storage_of(t) for t in problem.unit_of_tensor} - {None}]
+    sizes = [problem.storage_bytes(s) for s in {problem.storage_of(t) for t in problem.forward_tensors} - {None}]
     if not times or not sizes:
         return [1.0]
     low = max(min(s for s in sizes if s > 0) if any(sizes) else 1, 1) / sum(times)
@@ -142,9 +179,12 @@ def weight_grid(problem: RecomputeProblem, n_weights: int) -> list[float]:
     return [low * ratio**i for i in range(n_weights)]
 
 
-def mincut_sweep(problem: RecomputeProblem, n_weights: int = 12, ties: Ties = Ties()) -> list[tuple[float, tuple[str, ...]]]:
+def mincut_sweep(
+    problem: RecomputeProblem, n_weights: int = 12, ties: Ties = Ties()
+) -> list[tuple[float, tuple[str, ...]]]:
     """``(weight, units)`` for each weight of `weight_grid`: a (saved bytes, time) Pareto front."""
-    return [(w, mincut_units(problem, w, ties)) for w in weight_grid(problem, n_weights)]
+    g = build_cut_graph(problem, 0.0, ties)
+    return [(w, mincut_units(problem, w, ties, g)) for w in weight_grid(problem, n_weights)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,22 +212,25 @@ def _best_within(problem, budgets: Budgets, options: MinCutOptions, ties: Ties) 
     """Least-time candidate of the sweep (plus save-all and recompute-all) within the budgets."""
     with_peak = budgets.peak_bytes is not None
     sweep = [_evaluate(problem, w, units, with_peak) for w, units in mincut_sweep(problem, options.n_weights, ties)]
-    candidates = sweep + [_evaluate(problem, None, (), with_peak), _evaluate(problem, None, problem.allowed_units, with_peak)]
+    baselines = [_evaluate(problem, None, units, with_peak) for units in ((), problem.allowed_units)]
+    candidates = sweep + baselines
     feasible = [c for c in candidates if budgets.admits(c.saved_bytes, c.peak_bytes)]
     if not feasible:
         if budgets.saved_bytes is not None and all(c.saved_bytes > budgets.saved_bytes for c in candidates):
             minimum = min(c.saved_bytes for c in candidates)
             raise InfeasibleBudgetError("budget_bytes", budgets.saved_bytes, minimum, solver="mincut")
-        minimum = min(c.peak_bytes for c in candidates if budgets.saved_bytes is None or c.saved_bytes <= budgets.saved_bytes)
+        within = [c for c in candidates if budgets.saved_bytes is None or c.saved_bytes <= budgets.saved_bytes]
+        minimum = min(c.peak_bytes for c in within)
         raise InfeasibleBudgetError("peak_budget_bytes", budgets.peak_bytes, minimum, solver="mincut")
     best = min(feasible, key=lambda c: (c.extra_time_s, c.saved_bytes))
     above = [c.weight for c in sweep if best.weight is not None and c.weight > best.weight and c not in feasible]
     if best.weight is None or not above:
         return best
     low, high = best.weight, min(above)
+    graph = build_cut_graph(problem, low, ties)
     for _ in range(options.refine_steps):
         middle = math.sqrt(low * high)
-        candidate = _evaluate(problem, middle, mincut_units(problem, middle, ties), with_peak)
+        candidate = _evaluate(problem, middle, mincut_units(problem, middle, ties, graph), with_peak)
         if budgets.admits(candidate.saved_bytes, candidate.peak_bytes):
             best = min(best, candidate, key=lambda c: (c.extra_time_s, c.saved_bytes))
             low = middle
@@ -224,8 +267,10 @@ def solve_mincut(
         weight = options.weight_bytes_per_s or default_weight(problem)
         best = _evaluate(problem, weight, mincut_units(problem, weight, ties), peak_budget_bytes is not None)
         if not budgets.admits(best.saved_bytes, best.peak_bytes):
-            kind, budget = ("budget_bytes", budget_bytes) if budget_bytes is not None else ("peak_budget_bytes", peak_budget_bytes)
-            minimum = best.saved_bytes if kind == "budget_bytes" else best.peak_bytes
+            if budget_bytes is not None and best.saved_bytes > budget_bytes:
+                kind, budget, minimum = "budget_bytes", budget_bytes, best.saved_bytes
+            else:
+                kind, budget, minimum = "peak_budget_bytes", peak_budget_bytes, best.peak_bytes
             raise InfeasibleBudgetError(kind, budget, minimum, solver=f"mincut at weight {weight:.3g} B/s")
     else:
         best = _best_within(problem, budgets, options, ties)

@@ -83,5 +83,13 @@ def pareto(
     points = []
     for b in budgets:
         plan = SOLVERS[solver](problem, **{keyword: b}, **extra)
-        points.append(ParetoPoint(budget_bytes=b, peak_bytes=plan.peak_bytes, saved_bytes=plan.saved_bytes, extra_time_s=plan.extra_time_s, plan=plan))
+        points.append(
+            ParetoPoint(
+                budget_bytes=b,
+                peak_bytes=plan.peak_bytes,
+                saved_bytes=plan.saved_bytes,
+                extra_time_s=plan.extra_time_s,
+                plan=plan,
+            )
+        )
     return points

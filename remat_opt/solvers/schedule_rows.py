@@ -48,10 +48,9 @@ class BackwardReads:
             if reads:
                 op_first[op.name] = min(reads)
         consumers: dict[str, list[str]] = {}
-        for unit in problem.units.values():
-            for o in unit.ops if unit.allowed else ():
-                for x in dict.fromkeys(problem.ops_by_name[o].inputs):
-                    consumers.setdefault(x, []).append(o)
+        for o in problem.rerunnable_ops:
+            for x in dict.fromkeys(problem.ops_by_name[o].inputs):
+                consumers.setdefault(x, []).append(o)
         return cls(first, last, op_first, {x: tuple(v) for x, v in consumers.items()})
 
 
@@ -65,11 +64,11 @@ def _ran_vars(form, reads: BackwardReads, j: int) -> dict:
     """``q[o]`` for every rerun-capable op, consumers first (reverse forward order)."""
     problem, cp = form.problem, form.cp
     ran = {}
-    allowed_ops = [o for u in problem.allowed_units for o in problem.units[u].ops]
-    for o in sorted(allowed_ops, key=lambda n: -problem.ops_by_name[n].index):
+    for o in reversed(problem.rerunnable_ops):
         q, d = form.var(("q", f"{o}@bwd{j}")), form.var(("d", form.ties.of("op", o)))
         read_by_j = reads.op_first.get(o, j + 1) <= j
-        later = [ran[c] for out in problem.ops_by_name[o].outputs for c in reads.rerun_consumers.get(out, ()) if c in ran]
+        readers = (c for out in problem.ops_by_name[o].outputs for c in reads.rerun_consumers.get(out, ()))
+        later = [ran[c] for c in readers if c in ran]
         cp.add(q <= d)
         if read_by_j:
             cp.add(q >= d)
@@ -110,7 +109,7 @@ def add_schedule_row(form, j: int, peak_budget) -> None:
     event = len(problem.graph.forward_ops) + 1 + j
     ran = _ran_vars(form, reads, j)
     by_storage: dict[str, list] = {}
-    for x in problem.unit_of_tensor:
+    for x in problem.forward_tensors:
         storage = problem.storage_of(x)
         if storage is None or any(a <= event <= b for a, b in model.covered.get(storage, ())):
             continue

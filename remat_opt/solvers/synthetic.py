@@ -4,16 +4,25 @@ They are real `JointGraph` objects (ops, tensors with storages, origins, a saved
 that reads the saved tensors and writes gradients), so solvers, checker and simulator run the
 same code paths as on traced models. Random DAGs include views aliasing their input's storage,
 random ops, ``dont_recompute`` ops, multi-output ops (one tag target or several, like ``split``),
-decompositions sharing one tag target, inputs and parameters saved for backward, and backward
-views of saved tensors.
+consecutive ops sharing one tag target, nested units (`OpNode.tag_units` naming an enclosing
+decomposition, as for ``mean``), inputs and parameters saved for backward, and backward views of
+saved tensors. Chains, diamonds and stacks leave `tag_units` empty (the outputs' tag targets).
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from remat_opt.graph import REASON_FORWARD_OUTPUT, REASON_INPUT, REASON_RANDOM, JointGraph, OpNode, TensorNode, TensorOrigin
+from remat_opt.graph import (
+    REASON_FORWARD_OUTPUT,
+    REASON_INPUT,
+    REASON_RANDOM,
+    JointGraph,
+    OpNode,
+    TensorNode,
+    TensorOrigin,
+)
 
 ELEMENT_BYTES = 4
 
@@ -31,7 +40,8 @@ class _Builder:
     def tensor(self, name: str, numel: int, kind: str, base: str | None = None) -> str:
         storage = self.tensors[base].storage if base else name
         storage_bytes = self.tensors[storage].storage_bytes if base else numel * ELEMENT_BYTES
-        self.tensors[name] = TensorNode(name, (numel,), "float32", "cpu", numel * ELEMENT_BYTES, storage, storage_bytes, kind)
+        nbytes = numel * ELEMENT_BYTES
+        self.tensors[name] = TensorNode(name, (numel,), "float32", "cpu", nbytes, storage, storage_bytes, kind)
         return name
 
     def input(self, name: str, numel: int) -> str:
@@ -40,7 +50,8 @@ class _Builder:
 
     def forward(self, symbol, inputs, outputs, tags=frozenset(), targets=None, taggable=True, reason="activation"):
         index = sum(not op.is_backward for op in self.ops)
-        self.ops.append(OpNode(f"fwd{index}", symbol, False, index, tuple(inputs), tuple(outputs), op_tags=frozenset(tags)))
+        op = OpNode(f"fwd{index}", symbol, False, index, tuple(inputs), tuple(outputs), op_tags=frozenset(tags))
+        self.ops.append(op)
         for out, target in zip(outputs, targets or [f"p_{o}" for o in outputs]):
             self.origins[out] = TensorOrigin(out, target, symbol, taggable, reason)
 
@@ -65,10 +76,21 @@ class _Builder:
         )
 
 
-def _random_forward(b: _Builder, rng: random.Random, n_ops: int) -> list[str]:
+def _nest(b: _Builder, groups: random.Random, i: int, state: list) -> None:
+    """Gives the last op its `tag_units`: its outputs' tag targets, after the tag target of an
+    enclosing decomposition (2-3 consecutive ops) when one is open."""
+    if state[1] == 0 and groups.random() < 0.2:
+        state[:] = [f"d{i}", groups.randint(2, 3)]
+    op = b.ops[-1]
+    own = tuple(dict.fromkeys(b.origins[o].tag_target for o in op.outputs))
+    b.ops[-1] = replace(op, tag_units=((state[0],) if state[1] else ()) + own)
+    state[1] = max(0, state[1] - 1)
+
+
+def _random_forward(b: _Builder, rng: random.Random, n_ops: int, groups: random.Random) -> list[str]:
     """Random forward ops; returns the forward tensors written, in order."""
     written: list[str] = []
-    previous_target = None
+    previous_target, nesting = None, [None, 0]
     for i in range(n_ops):
         pool = b.inputs + written
         args = rng.sample(pool[-5:], k=min(len(pool[-5:]), rng.choice((1, 1, 2))))
@@ -78,7 +100,8 @@ def _random_forward(b: _Builder, rng: random.Random, n_ops: int) -> list[str]:
         share = previous_target is not None and written and written[-1] in args and rng.random() < 0.25
         target = previous_target if share else f"p{i}"
         if kind == "view":
-            out = [b.tensor(name, max(1, b.tensors[args[0]].nbytes // ELEMENT_BYTES // rng.choice((1, 2))), "forward", base=args[0])]
+            view_numel = max(1, b.tensors[args[0]].nbytes // ELEMENT_BYTES // rng.choice((1, 2)))
+            out = [b.tensor(name, view_numel, "forward", base=args[0])]
             b.forward("reshape", args[:1], out, targets=[target])
         elif kind == "random":
             out = [b.tensor(name, numel, "forward")]
@@ -89,7 +112,9 @@ def _random_forward(b: _Builder, rng: random.Random, n_ops: int) -> list[str]:
             b.forward("split", args, out, targets=targets)
         else:
             out = [b.tensor(name, numel, "forward")]
-            b.forward("mul" if kind == "plain" else "pinned_op", args, out, tags={"dont_recompute"} if kind == "pinned" else (), targets=[target])
+            tags = {"dont_recompute"} if kind == "pinned" else ()
+            b.forward("mul" if kind == "plain" else "pinned_op", args, out, tags=tags, targets=[target])
+        _nest(b, groups, i, nesting)
         written.extend(out)
         previous_target = target
     return written
@@ -118,7 +143,7 @@ def random_joint_graph(seed: int, *, n_ops: tuple[int, int] = (5, 13)) -> JointG
     b.input("x", rng.choice((128, 256)))
     for k in range(rng.randint(1, 2)):
         b.input(f"w{k}", rng.choice((64, 256)))
-    written = _random_forward(b, rng, rng.randint(*n_ops))
+    written = _random_forward(b, rng, rng.randint(*n_ops), random.Random(seed * 7919 + 1))
     output = written[-1]
     b.origins[output] = TensorOrigin(output, b.origins[output].tag_target, "mul", False, REASON_FORWARD_OUTPUT)
     candidates = [t for t in written if t != output]
@@ -160,7 +185,8 @@ def diamond_graph(numel: int = 256) -> JointGraph:
 def stacked_blocks_graph(n_blocks: int, seed: int = 0, block_ops: int = 10) -> JointGraph:
     """`n_blocks` copies of one random residual block (like transformer layers), then a head."""
     rng = random.Random(seed)
-    recipe = [(rng.choice(("mul", "add", "exp")), rng.choice((0, 1, 2)), rng.choice((128, 256, 512))) for _ in range(block_ops)]
+    choices = (("mul", "add", "exp"), (0, 1, 2), (128, 256, 512))
+    recipe = [tuple(rng.choice(c) for c in choices) for _ in range(block_ops)]
     b = _Builder()
     stream = b.input("x", 256)
     saved = []

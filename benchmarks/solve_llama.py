@@ -1,0 +1,123 @@
+"""Solve times of the remat solvers on Llama-2-7b joint graphs traced on the meta device.
+
+For each depth: trace (or load a cached graph), build the problem, then solve with the ILP and the
+min-cut at three saved-bytes budgets and three peak budgets, verify every plan with the
+independent checker, and print one line per solve. Op times come from ``costmodels`` (formula
+roofline on the named GPU) when it imports, else from `proxy_op_time_s`.
+
+    .venv/bin/python benchmarks/solve_llama.py --layers 2 8 32 --cache /tmp/remat_graphs
+
+Tracing 32 layers on meta takes ~6 minutes on a 2-core machine; ``--cache`` keeps the graphs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import time
+from pathlib import Path
+
+import remat_opt  # noqa: F401  (before thunder)
+from remat_opt.plan import check_plan
+from remat_opt.problem import RecomputeProblem, proxy_op_time_s
+from remat_opt.solvers import SOLVERS, ILPOptions, solve_save_all
+from remat_opt.solvers.blocks import find_repeated_blocks
+from remat_opt.solvers.ilp import _Formulation, _peak_model_minimum, choose_ties, minimum_saved_bytes
+
+GiB = 2**30
+
+
+def load_graph(n_layer: int, seq: int, cache: Path | None):
+    """The joint graph of Llama-2-7b with `n_layer` layers on meta (traced, or from `cache`)."""
+    path = cache / f"llama2-7b-L{n_layer}-T{seq}.pkl" if cache else None
+    if path is not None and path.exists():
+        return pickle.loads(path.read_bytes()), 0.0
+    import thunder
+
+    from remat_opt.extract import analyze
+    from remat_opt.models import ModelSpec, build_model
+
+    start = time.perf_counter()
+    model, inputs = build_model(ModelSpec("Llama-2-7b-hf", n_layer=n_layer, seq=seq, dtype="bfloat16", device="meta"))
+    graph = analyze(model, *inputs, executors=[remat_opt.sdpa_cpu_ex, *thunder.get_default_executors()])
+    trace_s = time.perf_counter() - start
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(pickle.dumps(graph))
+    return graph, trace_s
+
+
+def op_times(graph, device: str) -> tuple[dict[str, float], str]:
+    try:
+        from costmodels.api import CostModel
+
+        costs = CostModel(graph, device)
+        return {op.name: costs.op_cost(op).time_s for op in graph.forward_ops}, f"costmodels ({device})"
+    except Exception as e:  # the cost model is optional here
+        return proxy_op_time_s(graph), f"proxy (costmodels unavailable: {type(e).__name__})"
+
+
+def budgets(problem: RecomputeProblem) -> dict[str, list[int]]:
+    """Three saved-bytes and three peak budgets at 25/50/75% between a lower bound and save-all."""
+    save_all = solve_save_all(problem)
+    low_saved = minimum_saved_bytes(problem)
+    ties = choose_ties(problem, None)
+    low_peak, _ = _peak_model_minimum(problem, _Formulation(problem, ties, ILPOptions()), time.perf_counter() + 10)
+    between = lambda low, high: [int(low + f * (high - low)) for f in (0.25, 0.5, 0.75)]  # noqa: E731
+    return {
+        "budget_bytes": between(low_saved, save_all.saved_bytes),
+        "peak_budget_bytes": between(low_peak, save_all.peak_bytes),
+    }
+
+
+def run(n_layer: int, seq: int, cache: Path | None, device: str, solvers: list[str]) -> None:
+    graph, trace_s = load_graph(n_layer, seq, cache)
+    times, source = op_times(graph, device)
+    start = time.perf_counter()
+    problem = RecomputeProblem.from_graph(graph, times)
+    build_s = time.perf_counter() - start
+    blocks = find_repeated_blocks(graph)
+    print(
+        f"\n== Llama-2-7b, {n_layer} layers, seq {seq}, bf16, meta: {len(graph.ops)} ops, {len(problem.units)} units "
+        f"({len(problem.allowed_units)} allowed); blocks {blocks}; trace {trace_s:.1f} s, "
+        f"problem {build_s:.2f} s; times: {source}"
+    )
+    save_all = solve_save_all(problem)
+    print(f"   save-all: saved {save_all.saved_bytes / GiB:.2f} GiB, peak {save_all.peak_bytes / GiB:.2f} GiB")
+    for kind, values in budgets(problem).items():
+        for budget in values:
+            for name in solvers:
+                start = time.perf_counter()
+                try:
+                    plan = SOLVERS[name](problem, **{kind: budget})
+                except ValueError as e:
+                    print(f"   {kind}={budget / GiB:.2f} GiB {name:7s} {type(e).__name__}: {e}")
+                    continue
+                solve_s = time.perf_counter() - start
+                start = time.perf_counter()
+                errors = check_plan(graph, plan, pinned=problem.pinned, op_time_s=times)
+                check_s = time.perf_counter() - start
+                gap = "-" if plan.gap is None else f"{plan.gap:.2%}"
+                print(
+                    f"   {kind}={budget / GiB:6.2f} GiB {name:7s} solve {solve_s:6.2f} s (check {check_s:.2f} s, "
+                    f"{'ok' if not errors else errors[:2]}): saved {plan.saved_bytes / GiB:6.2f} GiB, "
+                    f"peak {plan.peak_bytes / GiB:6.2f} GiB, +{plan.extra_time_s * 1e3:7.2f} ms, "
+                    f"{plan.status} gap {gap}, "
+                    f"{len(plan.recomputed_tag_targets)} tags"
+                )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, nargs="+", default=[2, 8, 32])
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--device", default="H100", help="GPU spec sheet for the cost model")
+    parser.add_argument("--cache", type=Path, default=None, help="directory of pickled graphs")
+    parser.add_argument("--solvers", nargs="+", default=["ilp", "mincut"], choices=sorted(SOLVERS))
+    args = parser.parse_args()
+    for n_layer in args.layers:
+        run(n_layer, args.seq, args.cache, args.device, args.solvers)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""`explain`: the plan of the last compilation as a readable table and as data (no Thunder imports
+here; `remat_opt.explain` resolves a jitted function to its `CostRemat` lazily)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from remat_opt.planning import PlannedStep
+from remat_opt.plan import INPUT, RECOMPUTE
+from remat_opt.report import format_bytes, render_table
+
+
+@dataclass(frozen=True, slots=True)
+class ExplainRow:
+    """One tensor the backward needs: saved, recomputed or an input."""
+
+    tensor: str
+    producer: str | None
+    shape: tuple[int, ...]
+    dtype: str
+    storage_bytes: int
+    action: str
+    recompute_ms: float
+    tag_target: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The plan of one compilation: rows, totals and solver status."""
+
+    rows: tuple[ExplainRow, ...]
+    summary: str
+    solver: str
+    status: str
+    gap: float | None
+    saved_bytes: int
+    save_all_bytes: int
+    peak_bytes: int
+    save_all_peak_bytes: int
+    extra_time_s: float
+    recomputed_tag_targets: tuple[str, ...]
+    cached: bool
+
+    def to_dict(self) -> dict:
+        data = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "rows"}
+        data["recomputed_tag_targets"] = list(self.recomputed_tag_targets)
+        data["rows"] = [{k: getattr(r, k) for k in r.__slots__} for r in self.rows]
+        return data
+
+    def __str__(self) -> str:
+        rows = [
+            [r.tensor, r.producer or "-", "x".join(map(str, r.shape)), r.dtype, format_bytes(r.storage_bytes),
+             r.action, f"{r.recompute_ms:.3f}" if r.action == RECOMPUTE else "-", r.tag_target or "-", r.reason]
+            for r in self.rows
+            if r.action != INPUT
+        ]
+        header = ["tensor", "producer", "shape", "dtype", "bytes", "action", "recompute ms", "tag target", "reason"]
+        gap = "" if self.gap is None else f", gap {self.gap:.2%}"
+        totals = [
+            f"saved for backward: {format_bytes(self.saved_bytes)} (save-all {format_bytes(self.save_all_bytes)})",
+            f"predicted step peak: {format_bytes(self.peak_bytes)} (save-all {format_bytes(self.save_all_peak_bytes)})",
+            f"extra recompute time: {self.extra_time_s * 1e3:.3f} ms; "
+            f"{len(self.recomputed_tag_targets)} tags; solver {self.solver} ({self.status}{gap})"
+            + ("; plan reused from cache" if self.cached else ""),
+        ]
+        return "\n".join([*render_table(rows, header), "", *totals])
+
+
+def _reason(step: PlannedStep, name: str, action: str) -> str:
+    origin = step.graph.origins.get(name)
+    if action == INPUT:
+        return "input or parameter"
+    if action == RECOMPUTE:
+        return "recomputed: cheaper than its memory under the budget"
+    if origin is not None and not origin.taggable:
+        return origin.reason
+    unit = step.problem.unit_of_tensor.get(name)
+    if unit is not None and not step.problem.units[unit].allowed:
+        return step.problem.units[unit].reason
+    return "saved: recomputing it costs more time than the budget requires"
+
+
+def explain_step(step: PlannedStep) -> Explanation:
+    """Builds the `Explanation` of a planned compilation."""
+    graph, plan, times = step.graph, step.plan, step.problem.op_time_s
+    rows = []
+    for d in plan.decisions:
+        tensor = graph.tensors[d.name]
+        producer = graph.producers.get(d.name)
+        rows.append(
+            ExplainRow(
+                tensor=d.name,
+                producer=producer.symbol if producer else None,
+                shape=tensor.shape,
+                dtype=tensor.dtype,
+                storage_bytes=d.storage_bytes,
+                action=d.action,
+                recompute_ms=1e3 * sum(times.get(op, 0.0) for op in d.recompute_ops),
+                tag_target=d.tag_target,
+                reason=_reason(step, d.name, d.action),
+            )
+        )
+    save_all = step.problem.plan_for((), solver="save_all", status="baseline", solve_time_s=0.0)
+    return Explanation(
+        rows=tuple(rows),
+        summary=plan.summary(),
+        solver=plan.solver,
+        status=plan.status,
+        gap=plan.gap,
+        saved_bytes=plan.saved_bytes,
+        save_all_bytes=save_all.saved_bytes,
+        peak_bytes=plan.peak_bytes,
+        save_all_peak_bytes=save_all.peak_bytes,
+        extra_time_s=plan.extra_time_s,
+        recomputed_tag_targets=plan.recomputed_tag_targets,
+        cached=step.cached,
+    )

@@ -1,0 +1,195 @@
+"""CostRemat end to end: gradients equal eager, measured saved bytes equal the plan, budgets hold."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import thunder
+import torch
+from conftest import executor_list
+
+from remat_opt import explain
+from remat_opt.examples import block
+from remat_opt.measure import measure_saved_bytes, measure_step_peak_bytes
+from remat_opt.models import ModelSpec, build_model
+from remat_opt.solvers import InfeasibleBudgetError
+from remat_opt.transform import CostRemat
+
+GRAD_FAMILIES = ("block", "Llama-2-7b-hf", "Llama-3-8B", "Mistral-7B-v0.1", "gemma-2b", "phi-2", "pythia-14m")
+BUDGET_POINTS = ("save_all", "75%", "50%", "25%", "minimum")
+
+
+def _model(name: str):
+    if name == "block":
+        return block(batch=2, seq=32)
+    return build_model(ModelSpec(name, n_layer=1, device="cpu", tiny=True))
+
+
+@functools.cache
+def budget_bytes(name: str) -> dict[str, int]:
+    """Save-all and minimum saved bytes of `name`, from a plan at an unbounded budget."""
+    model, inputs = _model(name)
+    transform = CostRemat(activation_budget_gb=1e3, device="cpu")
+    thunder.jit(model, transforms=[transform], executors=executor_list("fused"))(*inputs)
+    from remat_opt.solvers import minimum_saved_bytes
+
+    problem = transform.last.problem
+    save_all = problem.saved_bytes(())
+    return {
+        "save_all": save_all,
+        "75%": int(0.75 * save_all),
+        "50%": int(0.50 * save_all),
+        "25%": int(0.25 * save_all),
+        "minimum": minimum_saved_bytes(problem),
+    }
+
+
+def _eager_grads(name: str) -> dict[str, torch.Tensor]:
+    model, inputs = _model(name)
+    model(*inputs).float().sum().backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def _run(name: str, transform: CostRemat, executors="fused"):
+    model, inputs = _model(name)
+    jitted = thunder.jit(model, transforms=[transform], executors=executor_list(executors))
+    measured = measure_saved_bytes(jitted, *inputs)
+    measured.output.float().sum().backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    return jitted, measured, grads
+
+
+@pytest.mark.parametrize("point", BUDGET_POINTS)
+@pytest.mark.parametrize("name", GRAD_FAMILIES)
+def test_gradients_and_saved_bytes_at_budget(name, point):
+    budget = budget_bytes(name)[point]
+    transform = CostRemat(activation_budget_gb=budget / 1e9, device="cpu")
+    jitted, measured, grads = _run(name, transform)
+    plan = transform.last.plan
+    assert measured.activation_bytes <= budget
+    assert measured.activation_bytes == plan.saved_bytes
+    for param, expected in _eager_grads(name).items():
+        torch.testing.assert_close(grads[param], expected, msg=param)
+    if point != "save_all":
+        assert plan.recomputed_tag_targets, "a budget below save-all must recompute something"
+
+
+def test_torch_compile_executor_family():
+    budget = budget_bytes("Llama-2-7b-hf")["50%"]
+    transform = CostRemat(activation_budget_gb=budget / 1e9, device="cpu")
+    _, measured, grads = _run("Llama-2-7b-hf", transform, executors="torch-compile")
+    assert measured.activation_bytes <= budget
+    for param, expected in _eager_grads("Llama-2-7b-hf").items():
+        torch.testing.assert_close(grads[param], expected, msg=param)
+
+
+def _backward_symbols(jitted) -> list[str]:
+    return [b.sym.name for b in thunder.last_backward_traces(jitted)[-1].bound_symbols]
+
+
+def test_sdpa_and_matmuls_are_not_recomputed_when_memory_allows():
+    """Thunder #1646: with a budget at or above save-all nothing expensive is recomputed."""
+    budget = budget_bytes("Llama-2-7b-hf")["save_all"]
+    transform = CostRemat(activation_budget_gb=budget / 1e9, device="cpu")
+    jitted, measured, _ = _run("Llama-2-7b-hf", transform)
+    symbols = _backward_symbols(jitted)
+    assert "remat_sdpa_cpu_fwd" not in symbols
+    assert not {"linear", "matmul"} & set(symbols)
+    assert transform.last.plan.recomputed_tag_targets == ()
+
+
+def test_budget_below_minimum_names_the_minimum():
+    minimum = budget_bytes("Llama-2-7b-hf")["minimum"]
+    model, inputs = _model("Llama-2-7b-hf")
+    transform = CostRemat(activation_budget_gb=(minimum // 2) / 1e9, device="cpu")
+    jitted = thunder.jit(model, transforms=[transform], executors=executor_list("fused"))
+    with pytest.raises(InfeasibleBudgetError, match=str(minimum)):
+        jitted(*inputs)
+
+
+class DropoutMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1, self.fc2, self.fc3 = torch.nn.Linear(16, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 16)
+
+    def forward(self, x):
+        h = torch.nn.functional.dropout(torch.nn.functional.gelu(self.fc1(x)), p=0.3, training=True)
+        return self.fc3(torch.nn.functional.gelu(self.fc2(h)))
+
+
+def _dropout_grads(transforms) -> dict[str, torch.Tensor]:
+    model = DropoutMLP()
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    jitted = thunder.jit(model, transforms=transforms)
+    torch.manual_seed(123)
+    jitted(x).sum().backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_dropout_gradients_identical_under_tight_budget():
+    transform = CostRemat(activation_budget_gb=1e-9, device="cpu")  # below the minimum: find it
+    with pytest.raises(InfeasibleBudgetError) as info:
+        _dropout_grads([transform])
+    tight = CostRemat(activation_budget_gb=info.value.minimum / 1e9, device="cpu")
+    with_plan = _dropout_grads([tight])
+    assert tight.last.plan.recomputed_tag_targets
+    without = _dropout_grads([])
+    for name, grad in without.items():
+        assert torch.equal(with_plan[name], grad), name
+
+
+def test_auto_recompute_intermediates_yields_to_the_plan():
+    budget = budget_bytes("block")["save_all"]
+    model, inputs = _model("block")
+    transform = CostRemat(activation_budget_gb=budget / 1e9, device="cpu")
+    jitted = thunder.jit(model, transforms=[transform], executors=executor_list("fused"), auto_recompute_intermediates=True)
+    with pytest.warns(UserWarning, match="the plan decides"):
+        measured = measure_saved_bytes(jitted, *inputs)
+    assert measured.activation_bytes == transform.last.plan.saved_bytes == budget
+
+
+def test_explain_matches_what_thunder_saves():
+    budget = budget_bytes("Llama-3-8B")["50%"]
+    transform = CostRemat(activation_budget_gb=budget / 1e9, device="cpu")
+    jitted, measured, _ = _run("Llama-3-8B", transform)
+    explanation = explain(jitted)
+    data = explanation.to_dict()
+    saved = [r for r in data["rows"] if r["action"] == "save"]
+    assert sum({r["tensor"]: r["storage_bytes"] for r in saved}.values()) >= measured.activation_bytes
+    assert data["saved_bytes"] == measured.activation_bytes
+    real_saved = thunder.last_traces(jitted)[-1].bound_symbols[-1].args[1][0]
+    real_shapes = sorted(tuple(p.shape) for p in real_saved if p.name not in {a.name for a in thunder.last_traces(jitted)[-1].args})
+    planned_shapes = sorted(transform.last.graph.tensors[n].shape for n in transform.last.plan.saved_names)
+    assert planned_shapes == real_shapes
+    text = str(explanation)
+    assert "recompute" in text and "predicted step peak" in text
+
+
+def test_same_trace_and_budget_reuse_the_plan():
+    budget = budget_bytes("block")["50%"]
+    transform = CostRemat(activation_budget_gb=budget / 1e9, device="cpu")
+    for _ in range(2):
+        model, inputs = _model("block")
+        thunder.jit(model, transforms=[transform], executors=executor_list("fused"))(*inputs)
+    assert transform.last.cached
+    assert explain(transform).cached
+
+
+@pytest.mark.parametrize("name", ["block", "Llama-2-7b-hf"])
+def test_predicted_peak_within_5_percent_of_measured(name):
+    budget = budget_bytes(name)["50%"]
+    transform = CostRemat(activation_budget_gb=budget / 1e9, device="cpu")
+    model, inputs = _model(name)
+    jitted = thunder.jit(model, transforms=[transform], executors=executor_list("fused"))
+    measured = measure_step_peak_bytes(jitted, *inputs)
+    predicted = transform.last.plan.peak_bytes
+    assert abs(measured.peak_bytes - predicted) <= 0.05 * measured.peak_bytes, (measured.peak_bytes, predicted)
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="unknown solver 'greedy'"):
+        CostRemat(solver="greedy")
+    with pytest.raises(ValueError, match="must be positive"):
+        CostRemat(budget_gb=-1)
