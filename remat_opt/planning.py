@@ -46,8 +46,8 @@ class PlanRequest:
         """Builds a request, checking every option; `cost_table` may be a path."""
         for name in ("peak_budget_bytes", "activation_budget_bytes"):
             value = kwargs.get(name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{name.replace('_bytes', '')} must be positive, got {value} bytes")
+            if value is not None and value < 0:
+                raise ValueError(f"{name.replace('_bytes', '')} must not be negative, got {value} bytes")
         solver = kwargs.get("solver", "auto")
         if solver not in SOLVER_CHOICES:
             raise ValueError(f"unknown solver {solver!r}; use one of {', '.join(SOLVER_CHOICES)}")

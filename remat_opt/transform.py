@@ -58,6 +58,21 @@ def apply_recompute_tags(trace: TraceCtx, tag_targets) -> None:
             p.tags.add(ProxyTag.RECOMPUTE_IN_BACKWARD)
 
 
+def _disable_auto_recompute() -> bool:
+    """Turns off `auto_recompute_intermediates` for this compilation; returns whether it was on.
+
+    Thunder reads the option during autodiff (it tags decomposition intermediates as it goes), so
+    it would act after the plan and change the saved set; with CostRemat, the plan decides.
+    """
+    from thunder.core.compile_data import get_compile_data
+
+    cd = get_compile_data()
+    if cd is None or not cd.compile_options.get("auto_recompute_intermediates"):
+        return False
+    cd.compile_options["auto_recompute_intermediates"] = False
+    return True
+
+
 def _trace_key(trace: TraceCtx) -> str:
     return hashlib.sha256(str(trace).encode()).hexdigest()
 
@@ -102,18 +117,25 @@ class CostRemat(Transform):
 
     def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
         executors_list = kwargs.get("executors_list") or extract.thunder.get_default_executors()
+        if _disable_auto_recompute():
+            warnings.warn(
+                "CostRemat: auto_recompute_intermediates=True is ignored; the plan decides what is recomputed",
+                stacklevel=2,
+            )
         cleared = clear_recompute_tags(computation_trace)
         if cleared:
             warnings.warn(
                 f"CostRemat: ignoring {len(cleared)} RECOMPUTE_IN_BACKWARD tags already on the trace "
-                "(auto_recompute_intermediates=True or another transform); the plan decides what is recomputed",
+                "(from another transform); the plan decides what is recomputed",
                 stacklevel=2,
             )
-        key = (_trace_key(computation_trace), tuple(ex.name for ex in executors_list))
+        # ad hoc executors are named after their id(), which changes from one jit to the next
+        names = tuple(ex.name for ex in executors_list if not ex.name.startswith("__ad_hoc"))
+        key = (_trace_key(computation_trace), names)
         step = self._cache.get(key)
         if step is None:
             forward_trace, backward_trace = extract.dry_run(computation_trace, executors_list)
-            graph = extract.build_joint_graph(forward_trace, backward_trace, tuple(ex.name for ex in executors_list))
+            graph = extract.build_joint_graph(forward_trace, backward_trace, names)
             step = plan_graph(graph, self.request)
             self._cache[key] = step
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections import Counter
 
 import pytest
 import thunder
@@ -93,19 +94,26 @@ def test_sdpa_and_matmuls_are_not_recomputed_when_memory_allows():
     budget = budget_bytes("Llama-2-7b-hf")["save_all"]
     transform = CostRemat(activation_budget_gb=budget / 1e9, device="cpu")
     jitted, measured, _ = _run("Llama-2-7b-hf", transform)
+    model, inputs = _model("Llama-2-7b-hf")
+    plain = thunder.jit(model, executors=executor_list("fused"))
+    plain(*inputs)
     symbols = _backward_symbols(jitted)
     assert "remat_sdpa_cpu_fwd" not in symbols
-    assert not {"linear", "matmul"} & set(symbols)
-    assert transform.last.plan.recomputed_tag_targets == ()
+    # no forward linear/matmul is cloned into the backward: it runs as many as Thunder's own backward
+    expensive = ("linear", "matmul", "remat_sdpa_cpu_bwd")
+    plain_counts = Counter(_backward_symbols(plain))
+    assert {s: Counter(symbols)[s] for s in expensive} == {s: plain_counts[s] for s in expensive}
+    assert transform.last.plan.extra_time_s == 0  # at most free views are re-derived
 
 
-def test_budget_below_minimum_names_the_minimum():
-    minimum = budget_bytes("Llama-2-7b-hf")["minimum"]
+def test_peak_budget_below_minimum_names_the_minimum():
     model, inputs = _model("Llama-2-7b-hf")
-    transform = CostRemat(activation_budget_gb=(minimum // 2) / 1e9, device="cpu")
+    transform = CostRemat(budget_gb=1e-6, device="cpu")  # 1 kB: below any step's peak
     jitted = thunder.jit(model, transforms=[transform], executors=executor_list("fused"))
-    with pytest.raises(InfeasibleBudgetError, match=str(minimum)):
+    with pytest.raises(InfeasibleBudgetError) as info:
         jitted(*inputs)
+    assert info.value.minimum > 1000
+    assert f"minimum feasible {info.value.minimum}" in str(info.value)
 
 
 class DropoutMLP(torch.nn.Module):
@@ -129,7 +137,7 @@ def _dropout_grads(transforms) -> dict[str, torch.Tensor]:
 
 
 def test_dropout_gradients_identical_under_tight_budget():
-    transform = CostRemat(activation_budget_gb=1e-9, device="cpu")  # below the minimum: find it
+    transform = CostRemat(activation_budget_gb=0, device="cpu")  # below the minimum: find it
     with pytest.raises(InfeasibleBudgetError) as info:
         _dropout_grads([transform])
     tight = CostRemat(activation_budget_gb=info.value.minimum / 1e9, device="cpu")
@@ -191,5 +199,5 @@ def test_predicted_peak_within_5_percent_of_measured(name):
 def test_bad_options_are_refused():
     with pytest.raises(ValueError, match="unknown solver 'greedy'"):
         CostRemat(solver="greedy")
-    with pytest.raises(ValueError, match="must be positive"):
+    with pytest.raises(ValueError, match="must not be negative"):
         CostRemat(budget_gb=-1)
