@@ -67,10 +67,12 @@ class Explanation:
         return "\n".join([*render_table(rows, header), "", *totals])
 
 
-def _reason(step: PlannedStep, name: str, action: str) -> str:
+def _reason(step: PlannedStep, name: str, action: str, storage_bytes: int) -> str:
     origin = step.graph.origins.get(name)
     if action == INPUT:
         return "input or parameter"
+    if action != RECOMPUTE and storage_bytes == 0:
+        return "saved at no cost: its storage is counted with another tensor or an input"
     if action == RECOMPUTE:
         return "recomputed: cheaper than its memory under the budget"
     if origin is not None and not origin.taggable:
@@ -98,7 +100,7 @@ def explain_step(step: PlannedStep) -> Explanation:
                 action=d.action,
                 recompute_ms=1e3 * sum(times.get(op, 0.0) for op in d.recompute_ops),
                 tag_target=d.tag_target,
-                reason=_reason(step, d.name, d.action),
+                reason=_reason(step, d.name, d.action, d.storage_bytes),
             )
         )
     save_all = step.problem.plan_for((), solver="save_all", status="baseline", solve_time_s=0.0)

@@ -16,9 +16,10 @@ from costmodels.table import CostTable, load_table
 from remat_opt.graph import JointGraph
 from remat_opt.plan import RematPlan
 from remat_opt.problem import RecomputeProblem
-from remat_opt.solvers import SOLVERS, BaselineOptions, ILPOptions, MinCutOptions, minimum_saved_bytes
+from remat_opt.solvers import SOLVERS, BaselineOptions, ILPOptions, MinCutOptions, minimum_saved_bytes, pareto
 
 SOLVER_CHOICES = ("auto", *SOLVERS)
+GB = 10**9  # budgets are in decimal gigabytes, as torch.cuda memory reports and litgpt print them
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,15 @@ class PlanRequest:
     table: CostTable | None = None
     device: str | None = None
     time_limit_s: float = 10.0
+
+    @classmethod
+    def from_gb(cls, *, budget_gb=None, activation_budget_gb=None, **kwargs) -> PlanRequest:
+        """`create` with budgets in GB (10**9 bytes), as `CostRemat` and `JointGraph.plan` take them."""
+        return cls.create(
+            peak_budget_bytes=None if budget_gb is None else round(budget_gb * GB),
+            activation_budget_bytes=None if activation_budget_gb is None else round(activation_budget_gb * GB),
+            **kwargs,
+        )
 
     @classmethod
     def create(cls, *, cost_table=None, **kwargs) -> PlanRequest:
@@ -125,3 +135,11 @@ def plan_graph(graph: JointGraph, request: PlanRequest) -> PlannedStep:
         )
     note = f"planned in {time.perf_counter() - start_s:.2f} s"
     return PlannedStep(graph=graph, problem=problem, plan=plan, costs=costs, request=request, notes=(note,))
+
+
+def pareto_front(graph: JointGraph, request: PlanRequest, n_points: int, budget: str = "saved"):
+    """Pareto points of `graph` costed as `request` says (see `remat_opt.solvers.pareto`)."""
+    if n_points < 2:
+        raise ValueError(f"n_points must be at least 2 (least memory and save-all), got {n_points}")
+    costs = CostModel(graph, device=request.device, table=request.table)
+    return pareto(graph, forward_op_times_s(costs, graph), n_points, budget=budget)

@@ -19,8 +19,6 @@ from thunder.core.transform_common import Transform  # noqa: E402
 
 from remat_opt.planning import PlanRequest, PlannedStep, plan_graph  # noqa: E402
 
-GB = 10**9  # budgets are in decimal gigabytes, as torch.cuda memory reports and litgpt print them
-
 
 def _proxies_by_name(trace: TraceCtx) -> dict[str, list[TensorProxy]]:
     found: dict[str, list[TensorProxy]] = {}
@@ -104,9 +102,9 @@ class CostRemat(Transform):
         device: str | None = None,
         time_limit_s: float = 10.0,
     ):
-        self.request = PlanRequest.create(
-            peak_budget_bytes=None if budget_gb is None else round(budget_gb * GB),
-            activation_budget_bytes=None if activation_budget_gb is None else round(activation_budget_gb * GB),
+        self.request = PlanRequest.from_gb(
+            budget_gb=budget_gb,
+            activation_budget_gb=activation_budget_gb,
             solver=solver,
             cost_table=cost_table,
             device=device,

@@ -195,3 +195,16 @@ def test_analyze_reports_a_failing_forward_in_one_line():
 
     with pytest.raises(ModelTraceError, match="tracing Broken failed"):
         analyze(Broken(), torch.randn(2, 8))
+
+
+def test_offline_plan_and_pareto_on_the_graph():
+    graph = compiled("Llama-2-7b-hf", "fused")[0].graph
+    half = graph.saved_activation_bytes // 2
+    plan = graph.plan(activation_budget_gb=half / 1e9, device="cpu")
+    assert plan.saved_bytes <= half and plan.recomputed_tag_targets
+    points = graph.pareto(4, device="cpu")
+    assert len(points) == 4
+    assert points[-1].saved_bytes == graph.saved_activation_bytes and points[-1].extra_time_s == 0
+    assert [p.extra_time_s for p in points] == sorted((p.extra_time_s for p in points), reverse=True)
+    with pytest.raises(ValueError, match="n_points must be at least 2"):
+        graph.pareto(1, device="cpu")
