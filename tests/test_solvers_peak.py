@@ -4,23 +4,17 @@ Brute force enumerates every set of allowed units and simulates it with `remat_o
 """
 
 import functools
-import random
 
 import pytest
 
 from remat_opt.plan import check_plan, derive, simulate_step
-from remat_opt.problem import RecomputeProblem
 from remat_opt.solvers import InfeasibleBudgetError, solve_ilp, solve_mincut
-from remat_opt.solvers.synthetic import random_joint_graph
+from remat_opt.solvers.synthetic import random_problem
 
 SEEDS = range(0, 200, 4)
 
 
-@functools.cache
-def _problem(seed: int) -> RecomputeProblem:
-    graph = random_joint_graph(seed, n_ops=(4, 11))
-    rng = random.Random(seed)
-    return RecomputeProblem.from_graph(graph, {op.name: rng.randint(1, 50) * 1e-6 for op in graph.forward_ops})
+_problem = functools.cache(random_problem)
 
 
 @functools.cache

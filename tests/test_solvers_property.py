@@ -6,7 +6,6 @@ properties are in `test_solvers_peak.py`.
 """
 
 import functools
-import random
 
 import pytest
 
@@ -21,17 +20,12 @@ from remat_opt.solvers import (
     solve_recompute_all,
     solve_save_all,
 )
-from remat_opt.solvers.synthetic import random_joint_graph
+from remat_opt.solvers.synthetic import random_joint_graph, random_problem
 
 SEEDS = range(200)
 
 
-@functools.cache
-def _problem(seed: int) -> RecomputeProblem:
-    graph = random_joint_graph(seed, n_ops=(4, 11))
-    rng = random.Random(seed)
-    # whole microseconds, so that float sums compare exactly with the ILP's integer time
-    return RecomputeProblem.from_graph(graph, {op.name: rng.randint(1, 50) * 1e-6 for op in graph.forward_ops})
+_problem = functools.cache(random_problem)
 
 
 @functools.cache

@@ -205,3 +205,15 @@ def stacked_blocks_graph(n_blocks: int, seed: int = 0, block_ops: int = 10) -> J
     saved = saved[::-1]
     _backward_for(b, random.Random(seed), saved, head)
     return b.graph(saved, [head])
+
+
+def random_problem(seed: int, *, n_ops: tuple[int, int] = (4, 11)):
+    """A `RecomputeProblem` over `random_joint_graph(seed)` with random whole-microsecond op times.
+
+    Whole microseconds make float sums of times compare exactly with the ILP's integer times.
+    """
+    from remat_opt.problem import RecomputeProblem
+
+    graph = random_joint_graph(seed, n_ops=n_ops)
+    rng = random.Random(seed)
+    return RecomputeProblem.from_graph(graph, {op.name: rng.randint(1, 50) * 1e-6 for op in graph.forward_ops})
