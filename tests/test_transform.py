@@ -74,6 +74,8 @@ def test_gradients_and_saved_bytes_at_budget(name, point):
         torch.testing.assert_close(grads[param], expected, msg=param)
     if point != "save_all":
         assert plan.recomputed_tag_targets, "a budget below save-all must recompute something"
+    peak = measure_step_peak_bytes(jitted, *_model(name)[1])
+    assert abs(peak.peak_bytes - plan.peak_bytes) <= 0.05 * peak.peak_bytes, (peak.peak_bytes, plan.peak_bytes)
 
 
 def test_torch_compile_executor_family():
