@@ -94,6 +94,125 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+# Short `--device-spec` names -> `costmodels.devices` spec names ("cpu": the nominal CPU).
+DEVICE_SPEC_NAMES = {"h100": "H100-SXM", "h200": "H200", "a100": "A100-80GB", "l40s": "L40S", "cpu": "cpu"}
+
+
+def resolve_device_spec(name: str | None) -> str | None:
+    """The spec name for a `--device-spec` value (a short name or a full spec name); None stays None.
+
+    Raises:
+        ValueError: no spec matches `name`.
+    """
+    if name is None:
+        return None
+    key = name.strip().lower()
+    if key in DEVICE_SPEC_NAMES:
+        return DEVICE_SPEC_NAMES[key]
+    from costmodels.devices import GPU_SPECS
+
+    if name in GPU_SPECS:
+        return name
+    raise ValueError(
+        f"unknown --device-spec {name!r}; use one of {', '.join(DEVICE_SPEC_NAMES)} "
+        f"(or a spec name: {', '.join(GPU_SPECS)})"
+    )
+
+
+def parse_budgets_gb(text: str) -> list[float]:
+    """``"40,50,60"`` -> ``[40.0, 50.0, 60.0]``; empty, non-numeric or negative entries raise ValueError."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not p for p in parts):
+        raise ValueError(f"--budgets-gb needs a comma-separated list of budgets in GB, e.g. 40,50,60; got {text!r}")
+    budgets = []
+    for p in parts:
+        try:
+            value = float(p)
+        except ValueError:
+            raise ValueError(f"--budgets-gb: {p!r} is not a number") from None
+        if not value >= 0 or value == float("inf"):
+            raise ValueError(f"--budgets-gb: budgets must be finite and not negative, got {p}")
+        budgets.append(value)
+    return sorted(set(budgets))
+
+
+def _check_budget_gb(flag: str, value: float | None) -> None:
+    if value is not None and not value >= 0:
+        raise ValueError(f"{flag} must not be negative, got {value:g}")
+
+
+def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--device-spec` and `--cost-table`: what `pareto` and `plan` cost ops with."""
+    parser.add_argument(
+        "--device-spec",
+        default=None,
+        help=f"device to cost for: {', '.join(DEVICE_SPEC_NAMES)} (or a full spec name such as H100-SXM); "
+        "default: the cost table's device, else the graph's (meta graphs need one)",
+    )
+    parser.add_argument("--cost-table", default=None, help="measured cost table (JSON from `remat-opt profile`)")
+    parser.add_argument("--time-limit-s", type=float, default=10.0, help="solver time limit per budget")
+
+
+def _cost_request_kwargs(args: argparse.Namespace) -> dict:
+    if args.device_spec is None and args.cost_table is None and args.device in ("meta", "cuda"):
+        raise ValueError(f"--device {args.device} graphs need --device-spec ({', '.join(DEVICE_SPEC_NAMES)}) "
+                         "or --cost-table")
+    return {"device": resolve_device_spec(args.device_spec), "cost_table": args.cost_table,
+            "time_limit_s": args.time_limit_s}
+
+
+def _title(spec, request) -> str:
+    device = request.device or (request.table.device if request.table is not None else "?")
+    return f"{spec.name} n_layer={spec.n_layer} seq={spec.seq} batch={spec.batch} {spec.dtype}, costed for {device}"
+
+
+def cmd_pareto(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from remat_opt.curves import plot_curve, render_points, write_csv
+    from remat_opt.planning import PlanRequest, pareto_front, plan_graph
+    from remat_opt.solvers.pareto import ParetoPoint
+
+    budgets_gb = None if args.budgets_gb is None else parse_budgets_gb(args.budgets_gb)
+    if budgets_gb is None and args.points < 2:
+        raise ValueError(f"--points must be at least 2 (least memory and save-all), got {args.points}")
+    request = PlanRequest.create(**_cost_request_kwargs(args))
+    spec, graph, _ = analyze_from_args(args)
+    if budgets_gb is None:
+        points = pareto_front(graph, request, args.points, budget=args.budget)
+    else:
+        key = "activation_budget_bytes" if args.budget == "saved" else "peak_budget_bytes"
+        points = []
+        for gb in budgets_gb:
+            plan = plan_graph(graph, replace(request, **{key: round(gb * 1e9)})).plan
+            points.append(ParetoPoint(round(gb * 1e9), plan.peak_bytes, plan.saved_bytes, plan.extra_time_s, plan))
+    out = Path(args.out)
+    csv_path = write_csv(points, out / "pareto.csv")
+    png_path, svg_path = plot_curve(points, out / "pareto.png", out / "pareto.svg", _title(spec, request))
+    print(_title(spec, request) + f"; {args.budget} budget sweep")
+    print(render_points(points))
+    print(f"\nwrote {csv_path}, {png_path}, {svg_path}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from remat_opt.explain import explain_step
+    from remat_opt.planning import PlanRequest, plan_graph
+
+    _check_budget_gb("--budget-gb", args.budget_gb)
+    _check_budget_gb("--activation-budget-gb", args.activation_budget_gb)
+    request = PlanRequest.from_gb(budget_gb=args.budget_gb, activation_budget_gb=args.activation_budget_gb,
+                                  solver=args.solver, **_cost_request_kwargs(args))
+    spec, graph, _ = analyze_from_args(args)
+    explanation = explain_step(plan_graph(graph, request))
+    if args.json:
+        print(json.dumps(explanation.to_dict(), indent=2, default=str))
+    else:
+        print(_title(spec, request) + f"; {request.describe()}")
+        print(explanation)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="remat-opt", description="Cost-model-driven rematerialization for Thunder")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,6 +227,30 @@ def build_parser() -> argparse.ArgumentParser:
     profile = sub.add_parser("profile", help="time every op of a model on this device -> JSON cost table")
     add_profile_arguments(profile)
     profile.set_defaults(run=run_profile)
+
+    pareto = sub.add_parser("pareto", help="sweep budgets: peak/saved GB vs predicted extra time -> CSV, PNG, SVG")
+    add_model_arguments(pareto)
+    add_cost_arguments(pareto)
+    pareto.add_argument("--points", type=int, default=8, help="how many budgets, from least memory to save-all")
+    pareto.add_argument("--budget", choices=("saved", "peak"), default="saved",
+                        help="sweep the saved-for-backward budget or the step peak budget")
+    pareto.add_argument("--budgets-gb", default=None,
+                        help="explicit comma-separated budgets in GB (e.g. 40,50,60) instead of --points")
+    pareto.add_argument("--out", default="pareto_out", help="folder for pareto.csv, pareto.png, pareto.svg")
+    pareto.set_defaults(run=cmd_pareto)
+
+    from remat_opt.planning import SOLVER_CHOICES
+
+    plan = sub.add_parser("plan", help="plan under a budget and print the explain table")
+    add_model_arguments(plan)
+    add_cost_arguments(plan)
+    budgets = plan.add_mutually_exclusive_group()
+    budgets.add_argument("--budget-gb", type=float, default=None, help="bound on the predicted step peak, GB")
+    budgets.add_argument("--activation-budget-gb", type=float, default=None,
+                         help="bound on saved-for-backward bytes (inputs excluded), GB")
+    plan.add_argument("--solver", choices=SOLVER_CHOICES, default="auto")
+    plan.add_argument("--json", action="store_true", help="machine-readable output")
+    plan.set_defaults(run=cmd_plan)
     return parser
 
 

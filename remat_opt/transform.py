@@ -34,17 +34,6 @@ def _proxies_by_name(trace: TraceCtx) -> dict[str, list[TensorProxy]]:
     return found
 
 
-def clear_recompute_tags(trace: TraceCtx) -> list[str]:
-    """Removes RECOMPUTE_IN_BACKWARD proxy tags (e.g. from `auto_recompute_intermediates`)."""
-    cleared = []
-    for name, proxies in _proxies_by_name(trace).items():
-        for p in proxies:
-            if ProxyTag.RECOMPUTE_IN_BACKWARD in p.tags:
-                p.tags.discard(ProxyTag.RECOMPUTE_IN_BACKWARD)
-                cleared.append(name)
-    return sorted(set(cleared))
-
-
 def apply_recompute_tags(trace: TraceCtx, tag_targets) -> None:
     """Tags the proxies named `tag_targets` (top-level or subsymbol outputs) for recomputation."""
     proxies = _proxies_by_name(trace)
@@ -120,13 +109,8 @@ class CostRemat(Transform):
                 "CostRemat: auto_recompute_intermediates=True is ignored; the plan decides what is recomputed",
                 stacklevel=2,
             )
-        cleared = clear_recompute_tags(computation_trace)
-        if cleared:
-            warnings.warn(
-                f"CostRemat: ignoring {len(cleared)} RECOMPUTE_IN_BACKWARD tags already on the trace "
-                "(from another transform); the plan decides what is recomputed",
-                stacklevel=2,
-            )
+        # RECOMPUTE_IN_BACKWARD tags already on the trace (torch.utils.checkpoint regions, a user's
+        # own tags) are honoured: the dry run sees them, so the plan only adds to them.
         # ad hoc executors are named after their id(), which changes from one jit to the next
         names = tuple(ex.name for ex in executors_list if not ex.name.startswith("__ad_hoc"))
         key = (_trace_key(computation_trace), names)
