@@ -16,6 +16,12 @@ _LAZY = {
     "GraphCapture": ("remat_opt.extract", "GraphCapture"),
     "JointGraph": ("remat_opt.graph", "JointGraph"),
     "measure": ("remat_opt.measure", None),
+    "RematPlan": ("remat_opt.plan", "RematPlan"),
+    "check_plan": ("remat_opt.plan", "check_plan"),
+    "simulate_step": ("remat_opt.plan", "simulate_step"),
+    "RecomputeProblem": ("remat_opt.problem", "RecomputeProblem"),
+    "SOLVERS": ("remat_opt.solvers", "SOLVERS"),
+    "pareto": ("remat_opt.solvers", "pareto"),
     "sdpa_cpu_ex": ("remat_opt.executors.sdpa_cpu", "sdpa_cpu_ex"),
 }
 
