@@ -12,8 +12,13 @@ FAMILIES = ("Llama-2-7b-hf", "Llama-3-8B", "gemma-2b", "phi-2", "pythia-14m")
 
 
 def executor_list(kind: str):
-    """`"default"`: Thunder's executors (SDPA decomposed on CPU); `"fused"`: with the CPU fused SDPA."""
-    return None if kind == "default" else [sdpa_cpu_ex, *thunder.get_default_executors()]
+    """`"default"`: Thunder's executors (SDPA decomposed on CPU); `"fused"`: with the CPU fused SDPA;
+    `"torch-compile"`: also Thunder's torch.compile executor (TorchCompileN fusion regions on CPU)."""
+    from remat_opt.cli import EXECUTOR_CHOICES, executors_for
+
+    choice = {"fused": "fused-sdpa"}.get(kind, kind)
+    assert choice in EXECUTOR_CHOICES, kind
+    return executors_for(choice)
 
 
 @pytest.fixture(scope="session")

@@ -81,10 +81,14 @@ def test_gradients_and_saved_bytes_at_budget(name, point):
 def test_torch_compile_executor_family():
     budget = budget_bytes("Llama-2-7b-hf")["50%"]
     transform = CostRemat(activation_budget_gb=budget / 1e9, device="cpu")
-    _, measured, grads = _run("Llama-2-7b-hf", transform, executors="torch-compile")
+    jitted, measured, grads = _run("Llama-2-7b-hf", transform, executors="torch-compile")
     assert measured.activation_bytes <= budget
+    assert measured.activation_bytes == transform.last.plan.saved_bytes
+    assert any(op.symbol.startswith("TorchCompile") for op in transform.last.graph.ops)
     for param, expected in _eager_grads("Llama-2-7b-hf").items():
         torch.testing.assert_close(grads[param], expected, msg=param)
+    peak = measure_step_peak_bytes(jitted, *_model("Llama-2-7b-hf")[1])
+    assert abs(peak.peak_bytes - transform.last.plan.peak_bytes) <= 0.05 * peak.peak_bytes
 
 
 def _backward_symbols(jitted) -> list[str]:
