@@ -13,6 +13,7 @@ import warnings
 
 from remat_opt import _compat  # noqa: F401  (before thunder)
 from remat_opt import extract
+import thunder  # noqa: E402
 from thunder.core.proxies import ProxyTag, TensorProxy  # noqa: E402
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace  # noqa: E402
 from thunder.core.transform_common import Transform  # noqa: E402
@@ -103,7 +104,7 @@ class CostRemat(Transform):
         self._cache: dict[tuple, PlannedStep] = {}
 
     def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
-        executors_list = kwargs.get("executors_list") or extract.thunder.get_default_executors()
+        executors_list = kwargs.get("executors_list") or thunder.get_default_executors()
         if _disable_auto_recompute():
             warnings.warn(
                 "CostRemat: auto_recompute_intermediates=True is ignored; the plan decides what is recomputed",
@@ -137,8 +138,6 @@ def find_cost_remat(jitted) -> CostRemat:
     """The `CostRemat` among the transforms of a `thunder.jit` result (or the transform itself)."""
     if isinstance(jitted, CostRemat):
         return jitted
-    import thunder
-
     transforms = thunder.compile_data(jitted).transforms or []
     found = [t for t in transforms if isinstance(t, CostRemat)]
     if not found:
