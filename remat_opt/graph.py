@@ -216,13 +216,3 @@ class JointGraph:
         from remat_opt.planning import PlanRequest, pareto_front
 
         return pareto_front(self, PlanRequest.create(device=device, cost_table=cost_table), n_points, budget)
-
-    def saved_by_symbol(self) -> dict[str, list[str]]:
-        """Saved activation tensors grouped by the symbol of the top-level forward op writing them."""
-        groups: dict[str, list[str]] = {}
-        for name in self.saved_names:
-            if self.is_input_storage(name):
-                continue
-            op = self.producers.get(self.tensors[name].storage) or self.producers.get(name)
-            groups.setdefault(op.symbol if op else "?", []).append(name)
-        return groups

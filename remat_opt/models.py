@@ -11,7 +11,7 @@ import difflib
 import importlib
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -147,4 +147,4 @@ def check_same_device(model: torch.nn.Module, inputs: tuple) -> None:
         )
 
 
-__all__ = ["ModelSpec", "ModelSpecError", "build_model", "check_same_device", "litgpt_config", "replace"]
+__all__ = ["ModelSpec", "ModelSpecError", "build_model", "check_same_device", "litgpt_config"]
