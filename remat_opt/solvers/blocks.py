@@ -49,6 +49,14 @@ class Ties:
         return any(self.maps.values())
 
 
+def op_kind(op: OpNode):
+    """An op's symbol; for a fusion region (``TorchCompile7``, ``nvFusion3``), its members' symbols.
+
+    Fusion regions are numbered through the trace, so equal regions in two layers differ by name.
+    """
+    return ("fusion", tuple(op_kind(m) for m in op.members)) if op.members else op.symbol
+
+
 def _signature(graph: JointGraph, op: OpNode) -> tuple:
     def meta(names):
         return tuple((graph.tensors[n].shape, graph.tensors[n].dtype) for n in names)
@@ -56,7 +64,29 @@ def _signature(graph: JointGraph, op: OpNode) -> tuple:
     origins = tuple(
         (o.taggable, o.reason) if (o := graph.origins.get(n)) is not None else None for n in op.outputs
     )
-    return (op.symbol, meta(op.outputs), meta(op.inputs), repr(op.attrs), tuple(sorted(op.op_tags)), origins)
+    return (op_kind(op), meta(op.outputs), meta(op.inputs), repr(op.attrs), tuple(sorted(op.op_tags)), origins)
+
+
+def op_signature_codes(graph: JointGraph, ops) -> np.ndarray:
+    """One integer per op; equal codes mean equal signatures (symbol, shapes, dtypes, attributes, tags)."""
+    codes: dict[tuple, int] = {}
+    return np.array([codes.setdefault(_signature(graph, op), len(codes)) for op in ops], dtype=np.int64)
+
+
+def find_periodic_run(codes: np.ndarray, *, min_block_ops: int = 8, min_count: int = 2) -> RepeatedBlocks | None:
+    """The periodic run of `codes` covering the most entries (shortest period on ties), or None."""
+    best, best_cover = None, 0
+    for period in range(min_block_ops, len(codes) // min_count + 1):
+        eq = np.concatenate(([False], codes[:-period] == codes[period:], [False]))
+        edges = np.flatnonzero(np.diff(eq.astype(np.int8)))
+        if len(edges) == 0:
+            continue
+        starts, ends = edges[0::2], edges[1::2]
+        longest = int(np.argmax(ends - starts))
+        count = (int(ends[longest] - starts[longest]) + period) // period
+        if count >= min_count and (count - 1) * period > best_cover:
+            best, best_cover = RepeatedBlocks(int(starts[longest]), period, count), (count - 1) * period
+    return best
 
 
 def find_repeated_blocks(graph: JointGraph, *, min_block_ops: int = 8, min_count: int = 2) -> RepeatedBlocks | None:
@@ -67,20 +97,8 @@ def find_repeated_blocks(graph: JointGraph, *, min_block_ops: int = 8, min_count
         min_block_ops: shortest block considered.
         min_count: fewest repetitions considered.
     """
-    codes: dict[tuple, int] = {}
-    sig = np.array([codes.setdefault(_signature(graph, op), len(codes)) for op in graph.forward_ops], dtype=np.int64)
-    best, best_cover = None, 0
-    for period in range(min_block_ops, len(sig) // min_count + 1):
-        eq = np.concatenate(([False], sig[:-period] == sig[period:], [False]))
-        edges = np.flatnonzero(np.diff(eq.astype(np.int8)))
-        if len(edges) == 0:
-            continue
-        starts, ends = edges[0::2], edges[1::2]
-        longest = int(np.argmax(ends - starts))
-        count = (int(ends[longest] - starts[longest]) + period) // period
-        if count >= min_count and (count - 1) * period > best_cover:
-            best, best_cover = RepeatedBlocks(int(starts[longest]), period, count), (count - 1) * period
-    return best
+    codes = op_signature_codes(graph, graph.forward_ops)
+    return find_periodic_run(codes, min_block_ops=min_block_ops, min_count=min_count)
 
 
 def _op_ties(graph: JointGraph, blocks: RepeatedBlocks) -> dict[str, str]:

@@ -1,0 +1,85 @@
+"""Extending a traced graph with more layers gives the graph a direct trace of that depth gives."""
+
+import dataclasses
+
+import pytest
+
+from remat_opt.deepen import DeepenError, analyze_model, extend_layers, find_layers, structural_differences
+from remat_opt.plan import simulate_peak_bytes
+from remat_opt.solvers.synthetic import chain_graph, stacked_blocks_graph
+
+CASES = {
+    "llama2-fused-sdpa": ("Llama-2-7b-hf", "fused-sdpa"),
+    "pythia-parallel-residual": ("pythia-14m", "fused-sdpa"),
+    "llama3-gqa-decomposed-sdpa": ("Llama-3-8B", "default"),
+}
+DEPTH = 6
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def extended_and_direct(request):
+    name, executors = CASES[request.param]
+    kwargs = dict(seq=32, dtype="float32", n_layer=DEPTH, tiny=True, executors=executors)
+    return analyze_model(name, traced_layers=4, **kwargs), analyze_model(name, traced_layers=DEPTH, **kwargs)
+
+
+def test_extended_graph_is_the_direct_trace_up_to_names(extended_and_direct):
+    extended, direct = extended_and_direct
+    assert any("extended from 4 traced layers to 6" in note for note in extended.notes)
+    assert structural_differences(extended, direct) == []
+
+
+def test_extended_graph_predicts_the_direct_traces_memory(extended_and_direct):
+    extended, direct = extended_and_direct
+    assert extended.saved_activation_bytes == direct.saved_activation_bytes
+    assert simulate_peak_bytes(extended) == simulate_peak_bytes(direct)
+
+
+def test_extended_graph_plans_like_the_direct_trace(extended_and_direct):
+    extended, direct = extended_and_direct
+    points = [graph.pareto(4, device="H100") for graph in (extended, direct)]
+    for a, b in zip(*points):
+        assert (a.saved_bytes, a.peak_bytes) == (b.saved_bytes, b.peak_bytes)
+        assert a.extra_time_s == pytest.approx(b.extra_time_s, rel=1e-9, abs=1e-15)
+
+
+def test_extending_twice_matches_one_direct_trace_deeper(extended_and_direct):
+    extended, direct = extended_and_direct
+    twice = extend_layers(extended, 1)
+    assert len(twice.forward_ops) > len(direct.forward_ops)
+    assert structural_differences(twice, direct) == [f"forward_ops: {len(twice.forward_ops)} vs {len(direct.forward_ops)}"]
+    assert structural_differences(twice, extend_layers(direct, 1)) == []
+
+
+def test_structural_differences_sees_a_changed_tensor(extended_and_direct):
+    extended, direct = extended_and_direct
+    name = direct.saved_names[-1]
+    changed = dataclasses.replace(direct.tensors[name], dtype="float64")
+    mutated = dataclasses.replace(direct, tensors={**direct.tensors, name: changed})
+    assert any(name in diff for diff in structural_differences(extended, mutated))
+
+
+def test_layers_are_found_forward_and_backward(extended_and_direct):
+    layers = find_layers(extended_and_direct[1])
+    assert layers.forward.count == DEPTH
+    assert layers.backward_layer_of_block == tuple(range(DEPTH - 1, -1, -1))
+
+
+def test_no_repeated_layers_is_a_clear_error():
+    with pytest.raises(DeepenError, match="no block of the .* forward ops repeats 3 or more times"):
+        extend_layers(chain_graph(6), 2)
+
+
+def test_random_backward_is_a_clear_error():
+    with pytest.raises(DeepenError, match="backward ops repeats"):
+        extend_layers(stacked_blocks_graph(4), 2)
+
+
+def test_extra_layers_must_not_be_negative():
+    with pytest.raises(ValueError, match="extra_layers must not be negative"):
+        extend_layers(chain_graph(6), -1)
+
+
+def test_no_extra_layers_returns_the_graph():
+    graph = chain_graph(6)
+    assert extend_layers(graph, 0) is graph
