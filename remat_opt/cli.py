@@ -41,6 +41,13 @@ def add_model_arguments(
         help="fused-sdpa (default: CPU/meta traces look like GPU traces), default (Thunder's), "
         "torch-compile (TorchCompile fusion regions on CPU)",
     )
+    parser.add_argument(
+        "--traced-layers",
+        type=int,
+        default=None,
+        help="trace this many layers of a litgpt config and extend the graph to its full depth "
+        "(default on meta: 4; 0: trace every layer)",
+    )
 
 
 def model_spec(args: argparse.Namespace) -> ModelSpec:
@@ -71,18 +78,42 @@ def executors_for(choice: str) -> list | None:
 
 
 def analyze_from_args(args: argparse.Namespace):
-    """Builds the model named by `args` and returns ``(spec, graph, seconds)``."""
+    """Builds the model named by `args` and returns ``(spec, graph, seconds)``.
+
+    Deep litgpt configs on meta are traced with a few layers and extended (`remat_opt.deepen`).
+    """
     from remat_opt.extract import analyze
-    from remat_opt.models import build_model, check_same_device
+    from remat_opt.models import build_model, check_same_device, check_spec, litgpt_config
 
     spec = model_spec(args)
+    check_spec(spec)
+    traced_layers = _traced_layers(args, spec)
+    start_s = time.perf_counter()
+    if traced_layers:
+        from remat_opt.deepen import analyze_spec
+
+        spec = replace(spec, seq=spec.seq or litgpt_config(spec)[1])
+        graph = analyze_spec(spec, traced_layers=traced_layers, executors=args.executors)
+        return spec, graph, time.perf_counter() - start_s
     model, inputs = build_model(spec)
     check_same_device(model, inputs)
     if ":" not in spec.name and spec.seq is None:
         spec = replace(spec, seq=int(inputs[0].shape[-1]))
-    start_s = time.perf_counter()
     graph = analyze(model, *inputs, executors=executors_for(args.executors))
     return spec, graph, time.perf_counter() - start_s
+
+
+def _traced_layers(args: argparse.Namespace, spec: ModelSpec) -> int:
+    """How many layers to trace before extending (0: trace the model as built)."""
+    if ":" in spec.name:
+        if args.traced_layers:
+            raise ValueError("--traced-layers needs a litgpt config name, not a module:factory")
+        return 0
+    if args.traced_layers is not None:
+        return args.traced_layers
+    from remat_opt.deepen import DEFAULT_TRACED_LAYERS
+
+    return DEFAULT_TRACED_LAYERS if spec.device == "meta" else 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

@@ -433,6 +433,36 @@ def structural_differences(a: JointGraph, b: JointGraph, *, limit: int = 10) -> 
     return diffs[:limit]
 
 
+DEFAULT_TRACED_LAYERS = 4
+
+
+def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors: str = "fused-sdpa") -> JointGraph:
+    """The joint graph of `spec` (a `remat_opt.models.ModelSpec` of a litgpt config) at full depth.
+
+    Traces `min(depth, traced_layers)` layers and extends the graph to the spec's depth (its
+    `n_layer`, else the config's); `traced_layers=0` traces every layer.
+    """
+    from remat_opt.cli import executors_for
+    from remat_opt.extract import analyze
+    from remat_opt.models import build_model, litgpt_config
+
+    if traced_layers < 0 or traced_layers in (1, 2):
+        raise ValueError(f"traced_layers must be 0 (all) or at least 3, got {traced_layers}")
+    depth = litgpt_config(spec)[0].n_layer
+    traced = depth if traced_layers == 0 else min(depth, traced_layers)
+    start_s = time.perf_counter()
+    model, inputs = build_model(replace(spec, n_layer=traced))
+    graph = analyze(model, *inputs, executors=executors_for(executors))
+    if traced == depth:
+        return graph
+    found = find_layers(graph).forward.count
+    if found != traced:
+        raise DeepenError(f"{spec.name}: found {found} repeated layers in a trace of {traced}; trace every layer")
+    graph = extend_layers(graph, depth - traced)
+    note = f"{spec.name}: traced {traced} of {depth} layers in {time.perf_counter() - start_s:.1f} s"
+    return replace(graph, notes=(*graph.notes, note))
+
+
 def analyze_model(
     name: str,
     *,
@@ -440,7 +470,7 @@ def analyze_model(
     batch: int = 1,
     dtype: str = "bfloat16",
     n_layer: int | None = None,
-    traced_layers: int = 4,
+    traced_layers: int = DEFAULT_TRACED_LAYERS,
     executors: str = "fused-sdpa",
     tiny: bool = False,
 ) -> JointGraph:
@@ -448,26 +478,15 @@ def analyze_model(
 
     Args:
         name: litgpt config name, e.g. ``"Llama-2-7b-hf"``.
-        seq: sequence length; batch: micro-batch size; dtype: ``"bfloat16"``, ...
+        seq: sequence length.
+        batch: micro-batch size.
+        dtype: ``"bfloat16"``, ``"float32"`` or ``"float16"``.
         n_layer: depth to plan for (default: the config's).
-        traced_layers: layers actually traced (models this shallow or shallower are traced whole).
+        traced_layers: layers actually traced (0: all; shallower models are traced whole).
         executors: ``"fused-sdpa"``, ``"default"`` or ``"torch-compile"`` (see `remat-opt inspect`).
         tiny: shrink the config's width (tests).
     """
-    from remat_opt.cli import executors_for
-    from remat_opt.extract import analyze
-    from remat_opt.models import ModelSpec, build_model, litgpt_config
+    from remat_opt.models import ModelSpec
 
     spec = ModelSpec(name=name, n_layer=n_layer, seq=seq, batch=batch, dtype=dtype, device="meta", tiny=tiny)
-    depth = litgpt_config(spec)[0].n_layer
-    start_s = time.perf_counter()
-    model, inputs = build_model(replace(spec, n_layer=min(depth, traced_layers)))
-    graph = analyze(model, *inputs, executors=executors_for(executors))
-    if depth <= traced_layers:
-        return graph
-    found = find_layers(graph).forward.count
-    if found != traced_layers:
-        raise DeepenError(f"{name}: found {found} repeated layers in a trace of {traced_layers}; cannot extend")
-    graph = extend_layers(graph, depth - traced_layers)
-    note = f"{name}: traced {traced_layers} of {depth} layers on meta in {time.perf_counter() - start_s:.1f} s"
-    return replace(graph, notes=(*graph.notes, note))
+    return analyze_spec(spec, traced_layers=traced_layers, executors=executors)

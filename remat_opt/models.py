@@ -88,7 +88,8 @@ def litgpt_config(spec: ModelSpec):
     return Config.from_name(name, **overrides), seq
 
 
-def _check_spec(spec: ModelSpec) -> None:
+def check_spec(spec: ModelSpec) -> None:
+    """Raises `ModelSpecError` for a bad dtype, non-positive sizes, or CUDA requested without CUDA."""
     if spec.dtype not in DTYPES:
         raise ModelSpecError(f"unknown dtype {spec.dtype!r}; use one of {', '.join(DTYPES)}")
     for field_name in ("n_layer", "seq"):
@@ -131,7 +132,7 @@ def build_factory(spec: ModelSpec):
 
 def build_model(spec: ModelSpec):
     """Returns ``(model, example_inputs)`` for `spec`; raises `ModelSpecError` on bad input."""
-    _check_spec(spec)
+    check_spec(spec)
     if ":" in spec.name:
         return build_factory(spec)
     return build_litgpt(spec)
