@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from remat_opt.solvers._common import InfeasibleBudgetError, PlanCheckError
 from remat_opt.solvers.baselines import BaselineOptions, solve_recompute_all, solve_save_all
-from remat_opt.solvers.ilp import ILPOptions, minimum_peak_bytes, minimum_saved_bytes, solve_ilp
+from remat_opt.solvers.ilp import ILPOptions, PeakMinimum, minimum_peak, minimum_peak_bytes, minimum_saved_bytes, solve_ilp
 from remat_opt.solvers.mincut import MinCutOptions, mincut_sweep, solve_mincut
 from remat_opt.solvers.pareto import ParetoPoint, pareto
 
@@ -29,7 +29,9 @@ __all__ = [
     "MinCutOptions",
     "ParetoPoint",
     "PlanCheckError",
+    "PeakMinimum",
     "mincut_sweep",
+    "minimum_peak",
     "minimum_peak_bytes",
     "minimum_saved_bytes",
     "pareto",

@@ -398,13 +398,16 @@ def _solve(problem, ties: Ties, options: ILPOptions, budgets: Budgets, deadline:
     if first.status != "overshoot":
         return first, form
     high, low, best = budgets.peak_bytes, None, None
-    model_peak = high - first.overshoot_bytes
+    step = first.overshoot_bytes
+    model_peak = high - step
     for _ in range(options.max_shrinks):
         trial = _build(problem, ties, options, budgets.saved_bytes, model_peak)
         outcome = _refine(trial, budgets.peak_bytes, model_peak, deadline, exact=False)
         if outcome.status == "overshoot":
-            high = model_peak
-            model_peak = model_peak - outcome.overshoot_bytes if low is None else (low + high) // 2
+            # The solver fills any model budget to its edge, so equal steps can overshoot forever:
+            # double the step until a plan fits, then bisect.
+            high, step = model_peak, max(2 * step, outcome.overshoot_bytes)
+            model_peak = model_peak - step if low is None else (low + high) // 2
         elif outcome.units is not None:
             low = model_peak
             if best is None or outcome.objective < best[0].objective:
@@ -415,7 +418,8 @@ def _solve(problem, ties: Ties, options: ILPOptions, budgets: Budgets, deadline:
         if low is not None and high - low <= max(1, options.peak_tolerance * budgets.peak_bytes):
             break
     if best is None:
-        return _Outcome(None, "timeout", notes=("no model peak budget gave a fitting plan",)), form
+        note = f"no model peak budget down to {model_peak} gave a fitting plan in {options.max_shrinks} trials"
+        return _Outcome(None, "timeout", notes=(note,)), form
     outcome, form = best
     note = f"model peak budget lowered to {low} so that the simulated peak fits"
     return replace(outcome, status="feasible", bound=first.bound, notes=(note,)), form
@@ -461,8 +465,17 @@ def _peak_model_minimum(problem: RecomputeProblem, form: _Formulation, deadline:
     return lower, candidates
 
 
-def minimum_peak_bytes(problem: RecomputeProblem, options: ILPOptions = ILPOptions()) -> tuple[int, int]:
-    """``(best, lower_bound)``: the least simulated peak found, and a proven lower bound on it.
+@dataclass(frozen=True, slots=True)
+class PeakMinimum:
+    """The least simulated step peak found, a proven lower bound on it, and the units that reach it."""
+
+    best_bytes: int
+    lower_bytes: int
+    units: tuple[str, ...]
+
+
+def minimum_peak(problem: RecomputeProblem, options: ILPOptions = ILPOptions()) -> PeakMinimum:
+    """The least simulated peak found within the time limit, with a lower bound and its plan's units.
 
     A lower bound from the peak model; the best of its plan, the baselines and a min-cut sweep;
     then bisection on the peak budget with the ILP as the feasibility oracle, until the two meet
@@ -472,17 +485,26 @@ def minimum_peak_bytes(problem: RecomputeProblem, options: ILPOptions = ILPOptio
     ties = choose_ties(problem, options.tie_blocks, options.min_tied_blocks)
     lower, candidates = _peak_model_minimum(problem, _Formulation(problem, ties, options), deadline)
     candidates += [(), problem.allowed_units, *(units for _, units in mincut_sweep(problem, 8, ties))]
-    best = min(simulate_peak_bytes(problem.graph, _targets(problem, units)) for units in candidates)
+    best, best_units = min(
+        (simulate_peak_bytes(problem.graph, _targets(problem, units)), tuple(units)) for units in candidates
+    )
     floor = lower
     while floor < best and time.perf_counter() < deadline:
         middle = (floor + best) // 2
         outcome, _ = _solve(problem, ties, options, Budgets(None, middle), deadline)
         if outcome.units is not None:
-            best = min(best, simulate_peak_bytes(problem.graph, _targets(problem, outcome.units)))
+            peak = simulate_peak_bytes(problem.graph, _targets(problem, outcome.units))
+            best, best_units = min((best, best_units), (peak, tuple(outcome.units)))
             continue
         floor = middle + 1
         lower = floor if outcome.status == "infeasible" else lower
-    return best, min(lower, best)
+    return PeakMinimum(best_bytes=best, lower_bytes=min(lower, best), units=best_units)
+
+
+def minimum_peak_bytes(problem: RecomputeProblem, options: ILPOptions = ILPOptions()) -> tuple[int, int]:
+    """``(best, lower_bound)`` of `minimum_peak`: the least simulated peak found, and a bound on it."""
+    found = minimum_peak(problem, options)
+    return found.best_bytes, found.lower_bytes
 
 
 def _targets(problem: RecomputeProblem, units) -> set[str]:
@@ -503,16 +525,18 @@ def _infeasible(problem: RecomputeProblem, budgets: Budgets, options: ILPOptions
 # --------------------------------------------------------------------------------------------
 
 
-def _fallback(problem: RecomputeProblem, budgets: Budgets, outcome: _Outcome, options: ILPOptions) -> _Outcome:
-    """When the time limit passes before a plan is found: save-all or recompute-all, if in budget."""
+def _fallback(problem: RecomputeProblem, budgets: Budgets, outcome: _Outcome, options: ILPOptions, ties: Ties) -> _Outcome:
+    """When the solver found no plan in time: the fastest of the baselines and a min-cut sweep that fits."""
     fits = []
-    for units in ((), problem.allowed_units):
+    candidates = [(), problem.allowed_units, *(units for _, units in mincut_sweep(problem, 8, ties))]
+    for units in candidates:
         units = problem.effective_units(units)
         if budgets.admits(problem.saved_bytes(units), simulate_peak_bytes(problem.graph, _targets(problem, units))):
             fits.append((problem.extra_time_s(units), units))
     if not fits:
-        raise TimeoutError(f"ilp: no plan within budget found in time_limit_s={options.time_limit_s}")
-    note = f"time limit {options.time_limit_s} s passed before the solver found a plan: baseline fallback"
+        why = "; ".join(outcome.notes) or f"time_limit_s={options.time_limit_s} passed"
+        raise TimeoutError(f"ilp: no plan within budget found ({why}), nor among the baselines and min-cut plans")
+    note = "the solver found no plan in time: fastest fitting baseline or min-cut plan"
     return _Outcome(min(fits)[1], "fallback", notes=(*outcome.notes, note))
 
 
@@ -563,7 +587,7 @@ def solve_ilp(
     if outcome.status == "infeasible":
         raise _infeasible(problem, budgets, options)
     if outcome.units is None:
-        outcome = _fallback(problem, budgets, outcome, options)
+        outcome = _fallback(problem, budgets, outcome, options, ties)
     units = outcome.units
     if options.tiebreak_saved_bytes and outcome.status == "optimal":
         units = _tiebreak(form, outcome, budgets, deadline)

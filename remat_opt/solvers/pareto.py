@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from remat_opt.graph import JointGraph
 from remat_opt.plan import RematPlan
 from remat_opt.problem import RecomputeProblem
+from remat_opt.solvers._common import checked
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,16 +32,31 @@ class ParetoPoint:
     plan: RematPlan
 
 
-def _budget_range(problem: RecomputeProblem, budget: str, options) -> tuple[int, int]:
+def _budget_range(problem: RecomputeProblem, budget: str, options) -> tuple[int, int, RematPlan | None]:
+    """(least budget, save-all's budget, a plan at the least budget when one is already known)."""
     from remat_opt.solvers.baselines import solve_save_all
-    from remat_opt.solvers.ilp import ILPOptions, minimum_peak_bytes, minimum_saved_bytes
+    from remat_opt.solvers.ilp import ILPOptions, minimum_peak, minimum_saved_bytes
 
     ilp_options = options if isinstance(options, ILPOptions) else ILPOptions()
     save_all = solve_save_all(problem)
     if budget == "saved":
-        return minimum_saved_bytes(problem, ilp_options), save_all.saved_bytes
-    best, _ = minimum_peak_bytes(problem, ilp_options)
-    return best, save_all.peak_bytes
+        return minimum_saved_bytes(problem, ilp_options), save_all.saved_bytes, None
+    start_s = time.perf_counter()
+    found = minimum_peak(problem, ilp_options)
+    note = "the least-peak plan found while bounding the sweep (the solver timed out at this budget)"
+    plan = problem.plan_for(found.units, solver="ilp", status="fallback", peak_budget_bytes=found.best_bytes,
+                            solve_time_s=time.perf_counter() - start_s, notes=(note,))
+    return found.best_bytes, save_all.peak_bytes, checked(problem, plan)
+
+
+def _solve_point(solve, problem, keyword: str, budget_bytes: int, extra: dict, known: RematPlan | None) -> RematPlan:
+    """The solver's plan at one budget; the known least-memory plan when the solver times out there."""
+    try:
+        return solve(problem, **{keyword: budget_bytes}, **extra)
+    except TimeoutError:
+        if known is None or known.peak_bytes > budget_bytes:
+            raise
+        return known
 
 
 def pareto(
@@ -75,14 +93,14 @@ def pareto(
         problem = RecomputeProblem.from_graph(graph_or_problem, op_time_s, pinned)
     if budget not in ("saved", "peak"):
         raise ValueError(f"budget must be 'saved' or 'peak', got {budget!r}")
-    low, high = _budget_range(problem, budget, options)
+    low, high, known = _budget_range(problem, budget, options)
     n_points = max(2, n_points)
     budgets = sorted({low + (high - low) * i // (n_points - 1) for i in range(n_points)})
     keyword = "budget_bytes" if budget == "saved" else "peak_budget_bytes"
     extra = {} if options is None else {"options": options}
     points = []
     for b in budgets:
-        plan = SOLVERS[solver](problem, **{keyword: b}, **extra)
+        plan = _solve_point(SOLVERS[solver], problem, keyword, b, extra, known)
         points.append(
             ParetoPoint(
                 budget_bytes=b,
