@@ -92,7 +92,8 @@ def analyze_from_args(args: argparse.Namespace):
     if traced_layers:
         from remat_opt.deepen import analyze_spec
 
-        spec = replace(spec, seq=spec.seq or litgpt_config(spec)[1])
+        config, seq = litgpt_config(spec)
+        spec = replace(spec, seq=spec.seq or seq, n_layer=config.n_layer)
         graph = analyze_spec(spec, traced_layers=traced_layers, executors=args.executors)
         return spec, graph, time.perf_counter() - start_s
     model, inputs = build_model(spec)
