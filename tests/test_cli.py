@@ -35,11 +35,28 @@ def test_inspect_text_output(capsys):
         (["inspect", "factories:not_a_pair"], "must return (model, example_inputs_tuple)"),
         (["inspect", "factories:missing"], "cannot load factory"),
         (["inspect", "Llama-2-7b-hf", "--seq", "0"], "seq must be a positive integer"),
+        (["inspect", *TINY, "--traced-layers", "2"], "traced_layers must be 0 (all) or at least 3, got 2"),
+        (["inspect", "factories:broken", "--traced-layers", "4"], "--traced-layers needs a litgpt config name"),
     ],
-    ids=["unknown-config", "failing-forward", "mixed-devices", "bad-factory", "missing-factory", "bad-seq"],
+    ids=[
+        "unknown-config", "failing-forward", "mixed-devices", "bad-factory", "missing-factory", "bad-seq",
+        "traced-layers-too-few", "traced-layers-of-a-factory",
+    ],
 )
 def test_bad_input_gets_one_line_error(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("remat-opt: error: ") and message in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_deep_configs_on_meta_are_traced_shallow_and_extended(capsys):
+    argv = ["inspect", "Llama-2-7b-hf", "--tiny", "--n-layer", "5", "--json"]
+    assert main(argv) == 0
+    extended = json.loads(capsys.readouterr().out)
+    assert "Llama-2-7b-hf: traced 4 of 5 layers" in " ".join(extended["notes"])
+    assert main([*argv, "--traced-layers", "0"]) == 0
+    direct = json.loads(capsys.readouterr().out)
+    assert not any("traced" in note for note in direct["notes"])
+    for key in ("saved_bytes", "saved_activation_bytes", "saved_input_bytes", "groups"):
+        assert extended[key] == direct[key]
