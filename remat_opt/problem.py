@@ -254,7 +254,8 @@ class RecomputeProblem:
         """A subset of `units` with the same rerun ops (each kept unit adds one), in forward order."""
         _, _, rerun = self.demand(units)
         rerun_set, covered, kept = set(rerun), set(), set()
-        for u in sorted(set(units), key=lambda u: -len(rerun_set.intersection(self.units[u].ops))):
+        # Ties broken by name: the same plan in every process (set order follows string hashes).
+        for u in sorted(set(units), key=lambda u: (-len(rerun_set.intersection(self.units[u].ops)), u)):
             new = rerun_set.intersection(self.units[u].ops) - covered
             if new:
                 kept.add(u)

@@ -204,7 +204,7 @@ class _Formulation:
                 self.cp.add(sum(c * self.var(k) for k, c in mapped.items()) >= lower)
             self.storages.update(name for (kind, name), _ in terms if kind == "k")
             self.saved_tensors.update(name for (kind, name), _ in terms if kind == "s")
-        self.byte_weights = self._weights(((s, problem.storage_bytes(s)) for s in self.storages), "k")
+        self.byte_weights = self._weights(((s, problem.storage_bytes(s)) for s in sorted(self.storages)), "k")
         op_times = ((o, round(problem.op_time_s[o] / options.time_quantum_s)) for o in problem.rerunnable_ops)
         self.time_weights = self._weights(op_times, "d")
         self.byte_gcd = math.gcd(*self.byte_weights.values()) or 1
@@ -245,7 +245,7 @@ class _Formulation:
             return next(iter(keys), None)
         if keys not in self.any_saved:
             key = ("y", str(len(self.any_saved)))
-            for k in keys:
+            for k in sorted(keys):  # sorted: the same model in every process (string hashes vary)
                 self.cp.add(self.var(key) >= self.var(k))
             self.any_saved[keys] = key
         return self.any_saved[keys]

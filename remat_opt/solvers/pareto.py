@@ -49,10 +49,25 @@ def _budget_range(problem: RecomputeProblem, budget: str, options) -> tuple[int,
     return found.best_bytes, save_all.peak_bytes, checked(problem, plan)
 
 
-def _solve_point(solve, problem, keyword: str, budget_bytes: int, extra: dict, known: RematPlan | None) -> RematPlan:
-    """The solver's plan at one budget; the known least-memory plan when the solver times out there."""
+def sweep_budgets(problem: RecomputeProblem, n_points: int, budget: str = "saved", options=None):
+    """``(budgets, known)``: `n_points` budgets evenly spaced from the least feasible to save-all's,
+    and, for peak sweeps, a plan at the least one (what bounding the range found)."""
+    if budget not in ("saved", "peak"):
+        raise ValueError(f"budget must be 'saved' or 'peak', got {budget!r}")
+    low, high, known = _budget_range(problem, budget, options)
+    n_points = max(2, n_points)
+    return sorted({low + (high - low) * i // (n_points - 1) for i in range(n_points)}), known
+
+
+def solve_at_budget(problem: RecomputeProblem, budget_bytes: int, *, budget: str = "saved", solver: str = "ilp",
+                    options=None, known: RematPlan | None = None) -> RematPlan:
+    """The solver's plan at one budget of a sweep; `known` when the solver times out and it fits."""
+    from remat_opt.solvers import SOLVERS
+
+    keyword = "budget_bytes" if budget == "saved" else "peak_budget_bytes"
+    extra = {} if options is None else {"options": options}
     try:
-        return solve(problem, **{keyword: budget_bytes}, **extra)
+        return SOLVERS[solver](problem, **{keyword: budget_bytes}, **extra)
     except TimeoutError:
         if known is None or known.peak_bytes > budget_bytes:
             raise
@@ -83,24 +98,16 @@ def pareto(
     Returns:
         One `ParetoPoint` per budget, from the smallest budget up.
     """
-    from remat_opt.solvers import SOLVERS
-
     if isinstance(graph_or_problem, RecomputeProblem):
         problem = graph_or_problem
     else:
         if op_time_s is None:
             raise ValueError("pareto(graph, ...) needs op_time_s")
         problem = RecomputeProblem.from_graph(graph_or_problem, op_time_s, pinned)
-    if budget not in ("saved", "peak"):
-        raise ValueError(f"budget must be 'saved' or 'peak', got {budget!r}")
-    low, high, known = _budget_range(problem, budget, options)
-    n_points = max(2, n_points)
-    budgets = sorted({low + (high - low) * i // (n_points - 1) for i in range(n_points)})
-    keyword = "budget_bytes" if budget == "saved" else "peak_budget_bytes"
-    extra = {} if options is None else {"options": options}
+    budgets, known = sweep_budgets(problem, n_points, budget, options)
     points = []
     for b in budgets:
-        plan = _solve_point(SOLVERS[solver], problem, keyword, b, extra, known)
+        plan = solve_at_budget(problem, b, budget=budget, solver=solver, options=options, known=known)
         points.append(
             ParetoPoint(
                 budget_bytes=b,

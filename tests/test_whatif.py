@@ -1,0 +1,203 @@
+"""`remat_opt.whatif` on small graphs: a tiny 3-layer Llama-2 traced on meta with fused SDPA (costed
+for an H100) and synthetic stacks of identical blocks."""
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from costmodels.api import CostModel
+from remat_opt import whatif
+from remat_opt.solvers import InfeasibleBudgetError
+from remat_opt.solvers.pareto import sweep_budgets
+from remat_opt.solvers.synthetic import chain_graph, stacked_blocks_graph
+
+N_LAYER, N_HEAD, SEQ = 3, 4, 32  # tiny_overrides: 4 heads; 3 layers: solved exactly (no ties)
+
+
+@pytest.fixture(scope="module")
+def tiny(executors):
+    from remat_opt.extract import analyze
+    from remat_opt.models import ModelSpec, build_model
+
+    model, inputs = build_model(ModelSpec("Llama-2-7b-hf", n_layer=N_LAYER, seq=SEQ, tiny=True, device="meta"))
+    return analyze(model, *inputs, executors=executors("fused"))
+
+
+@pytest.fixture(scope="module")
+def h100(tiny):
+    return whatif.cost_graph(tiny, "H100")
+
+
+@pytest.fixture(scope="module")
+def sweep(h100):
+    return whatif.peak_sweep(h100, 5)
+
+
+@pytest.fixture(scope="module")
+def stack():
+    return stacked_blocks_graph(5, seed=3)
+
+
+def test_whatif_imports_no_thunder():
+    code = "import sys, remat_opt.whatif; print('thunder' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+def test_cost_graph_prices_every_op(tiny, h100):
+    costs = CostModel(tiny, "H100")
+    assert h100.step_time_s == pytest.approx(sum(costs.op_cost(op).time_s for op in tiny.ops))
+    assert set(h100.problem.op_time_s) == {op.name for op in tiny.forward_ops}
+    assert whatif.cost_graph(tiny, "H200").step_time_s < h100.step_time_s  # more bandwidth, same FLOP/s
+
+
+def test_graph_summary_names_the_layers(tiny):
+    assert f"{N_LAYER} layers of" in whatif.graph_summary(tiny)
+    assert "no repeated layers" in whatif.graph_summary(chain_graph(3))
+
+
+def test_sweep_runs_from_least_peak_to_save_all(tiny, sweep):
+    points = sweep.points
+    assert len(points) + len(sweep.unsolved) == 5 and len(points) >= 2
+    assert [p.budget_bytes for p in points] == sorted(p.budget_bytes for p in points)
+    assert all(p.peak_bytes <= p.budget_bytes for p in points)
+    assert points[-1].extra_time_s == 0 and points[-1].saved_bytes == tiny.saved_activation_bytes
+    assert points[0].peak_bytes < points[-1].peak_bytes and points[0].extra_time_s > 0
+    assert sweep.label == "H100" and len(sweep.sdpa_recomputed) == len(points)
+
+
+def test_sweep_reports_a_budget_without_plan(h100, monkeypatch):
+    real = whatif.solve_at_budget
+    budgets_bytes, _ = sweep_budgets(h100.problem, 3, "peak")
+
+    def fail_middle(problem, budget_bytes, **kwargs):
+        if budget_bytes == budgets_bytes[1]:
+            raise TimeoutError("ilp: no plan within budget found")
+        return real(problem, budget_bytes, **kwargs)
+
+    monkeypatch.setattr(whatif, "solve_at_budget", fail_middle)
+    sweep = whatif.peak_sweep(h100, 3, label="x")
+    assert len(sweep.points) == 2 and len(sweep.unsolved) == 1
+    assert "no plan within budget" in sweep.unsolved[0]
+    assert "x: no plan at" in whatif.sweep_notes([sweep])
+
+
+def test_sweep_tables(sweep):
+    rows = whatif.sweep_rows(sweep)
+    assert len(rows) == len(sweep.points) and rows[-1]["extra ms"] == "0.00"
+    (row,) = whatif.endpoint_rows([whatif.relabel(sweep, "tiny")])
+    assert row["curve"] == "tiny" and float(row["save-all peak GB"]) >= float(row["least peak GB"])
+    assert float(row["predicted step ms"]) == pytest.approx(sweep.step_time_s * 1e3, abs=0.1)
+    assert whatif.sweep_notes([]) == "Every budget of every sweep has a plan."
+
+
+def test_sdpa_units_are_the_attention_kernels(tiny, h100):
+    sdpa_ops = whatif.sdpa_forward_ops(tiny)
+    assert len(sdpa_ops) == N_LAYER and {op.symbol for op in sdpa_ops} <= whatif.SDPA_FORWARD_SYMBOLS
+    units = whatif.sdpa_units(h100.problem)
+    assert len(units) == N_LAYER
+    symbols = {h100.problem.ops_by_name[op].symbol for u in units for op in h100.problem.units[u].ops}
+    assert symbols <= whatif.SDPA_FORWARD_SYMBOLS
+
+
+def test_sdpa_case_against_save_all(tiny, h100):
+    problem, case = h100.problem, whatif.sdpa_case(h100)
+    assert case.n_sdpa_ops == N_LAYER
+    assert case.saved_freed_bytes == problem.saved_bytes(()) - problem.saved_bytes(case.units) > 0
+    assert case.extra_time_s == pytest.approx(sum(problem.op_time_s[op.name] for op in whatif.sdpa_forward_ops(tiny)))
+    assert case.auxiliary_bytes == N_LAYER * N_HEAD * SEQ * 4  # one float32 logsumexp [1, H, T] per layer
+    assert case.saved_freed_bytes > case.auxiliary_bytes
+    rows = whatif.sdpa_case_rows(case)
+    assert rows[0]["% of measured step"] == "2.45"  # (350.15 - 341.78) / 341.78, measured
+    assert rows[2]["what"].startswith(f"tag the {N_LAYER} SDPA units")
+
+
+def test_sdpa_recomputed_counts_and_verdict(tiny, h100, sweep):
+    units = whatif.sdpa_units(h100.problem)
+    plan = h100.problem.plan_for(units, solver="t", status="t", solve_time_s=0.0)
+    assert whatif.count_sdpa_recomputed(tiny, plan) == N_LAYER
+    n_points = len(sweep.points)
+    none = replace(sweep, sdpa_recomputed=(0,) * n_points)
+    expected = f"The solver reruns no SDPA forward in any of the {n_points} plans of the sweeps."
+    assert whatif.sdpa_verdict([none]) == expected
+    picked = replace(sweep, sdpa_recomputed=(0,) * (n_points - 1) + (2,))
+    assert whatif.sdpa_verdict([picked]).startswith(f"The solver reruns SDPA in 1 of {n_points} plans: H100 at")
+    assert "(2 SDPA ops)" in whatif.sdpa_verdict([picked])
+
+
+def test_layers_of_a_stack(stack):
+    layers = whatif.layer_of_op(stack)
+    assert sorted(set(layers.values())) == ["after", *(f"layer {i}" for i in range(5))]
+    assert set(whatif.layer_of_op(chain_graph(3)).values()) == {"before"}
+
+
+def test_saved_bytes_by_layer_and_kind_sum_to_saved(stack):
+    by_layer = whatif.saved_bytes_by_layer(stack)
+    assert list(by_layer)[:2] == ["layer 0", "layer 1"] and list(by_layer)[-1] == "after"
+    assert sum(by_layer.values()) == stack.saved_activation_bytes
+    assert len({by_layer[f"layer {i}"] for i in range(1, 5)}) == 1  # identical blocks save alike
+    by_kind = whatif.saved_bytes_by_kind(stack)
+    assert sum(by_kind.values()) == stack.saved_activation_bytes
+    assert list(by_kind.values()) == sorted(by_kind.values(), reverse=True)
+
+
+def test_saved_bytes_of_a_plan(tiny, sweep):
+    plan = sweep.points[0].plan
+    assert sum(whatif.saved_bytes_by_layer(tiny, plan.saved_names).values()) == plan.saved_bytes
+    assert sum(whatif.saved_bytes_by_kind(tiny, plan.saved_names).values()) == plan.saved_bytes
+    rows = whatif.saved_gb_rows({"save-all": {"a": 2 * 10**9}, "plan": {"a": 10**9, "b": 5}})
+    assert rows == [{"": "a", "save-all GB": "2.000", "plan GB": "1.000"},
+                    {"": "b", "save-all GB": "0.000", "plan GB": "0.000"}]
+
+
+def test_plan_at_peak_gb_is_graph_plan(tiny, h100, sweep):
+    budget_gb = sweep.points[1].budget_bytes / whatif.GB
+    plan, reference = whatif.plan_at_peak_gb(h100, budget_gb), tiny.plan(budget_gb=budget_gb, device="H100")
+    # CP-SAT may return another optimum among ties: compare the objective and the budget
+    assert plan.extra_time_s == pytest.approx(reference.extra_time_s, rel=1e-6)
+    assert plan.peak_bytes <= round(budget_gb * whatif.GB) and plan.status == reference.status == "optimal"
+    with pytest.raises(InfeasibleBudgetError, match="minimum feasible"):
+        whatif.plan_at_peak_gb(h100, 1e-6)
+
+
+def test_budget_table_shows_infeasible_budgets(h100, sweep):
+    save_all_gb = sweep.points[-1].budget_bytes / whatif.GB
+    low, mid, high = whatif.plans_at_peak_budgets(h100, (1e-6, sweep.points[1].budget_bytes / whatif.GB, save_all_gb))
+    assert low.plan is None and low.infeasible and "< minimum feasible" in low.message
+    assert mid.plan is not None and high.plan.extra_time_s == 0
+    rows = whatif.budget_rows(h100, [low, mid, high])
+    assert rows[0]["feasible"] == "no" and rows[0]["recomputed"] == low.message and rows[0]["peak GB"] == "-"
+    assert rows[1]["feasible"] == "yes" and rows[1]["recomputed"] == whatif.describe_recomputed(h100, mid.plan)
+    assert rows[2]["recomputed"].split(";")[0] == "nothing"
+    unknown = whatif.BudgetOutcome(budget_gb=1.0, plan=None, message="timed out")
+    assert whatif.budget_rows(h100, [unknown])[0]["feasible"] == "no plan found"
+
+
+def test_recomputed_by_kind_splits_free_views(h100, sweep):
+    plan = sweep.points[0].plan
+    paid, free = whatif.recomputed_by_kind(h100, plan), whatif.recomputed_by_kind(h100, plan, free=True)
+    assert sum(paid.values()) + sum(free.values()) == len(plan.recompute_ops)
+    assert sum(paid.values()) > 0
+    assert list(paid.values()) == sorted(paid.values(), reverse=True)
+    assert whatif.format_counts({"mul": 64, "to": 32}) == "mul (64), to (32)"
+    assert whatif.format_counts({}) == "nothing"
+
+
+def test_markdown_table():
+    rows = [{"a": 1, "b": "x|y"}, {"a": 2, "b": ""}]
+    assert whatif.markdown_table(rows) == "| a | b |\n| --- | --- |\n| 1 | x\\|y |\n| 2 |  |"
+    assert whatif.markdown_table([]) == "(no rows)"
+
+
+def test_figures(sweep, stack):
+    fig = whatif.plot_sweeps([sweep, whatif.relabel(sweep, "again")], "title")
+    assert [len(ax.lines) for ax in fig.axes] == [2, 2]
+    bars = whatif.plot_saved_bytes({"save-all": whatif.saved_bytes_by_kind(stack)}, horizontal=True)
+    assert len(bars.axes[0].patches) == len(whatif.saved_bytes_by_kind(stack))
+
+
+def test_write_png(sweep, tmp_path):
+    path = whatif.write_llama2_7b_h100_png(tmp_path / "docs" / "pareto.png", sweep=sweep)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in path.parent.iterdir()] == ["pareto.png"]
