@@ -70,6 +70,15 @@ def render_points(points: Sequence) -> str:
     return "\n".join(render_table(rows, header))
 
 
+def style_curve_axes(ax, ylabel: str) -> None:
+    """Labels, zero-based y, grid and legend of a memory-vs-extra-time plot (shared by every curve)."""
+    ax.set_xlabel("predicted extra step time (ms)")
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+
+
 def plot_curve(points: Sequence, png_path: str | Path, svg_path: str | Path, title: str = "") -> tuple[Path, Path]:
     """Plots peak GB and saved GB against predicted extra step time (ms) to a PNG and an SVG.
 
@@ -91,11 +100,7 @@ def plot_curve(points: Sequence, png_path: str | Path, svg_path: str | Path, tit
     try:
         ax.plot(extra_ms, peak_gb, marker="o", label="predicted step peak")
         ax.plot(extra_ms, saved_gb, marker="s", linestyle="--", label="saved for backward")
-        ax.set_xlabel("predicted extra step time (ms)")
-        ax.set_ylabel("GB (10^9 bytes)")
-        ax.set_ylim(bottom=0)
-        ax.grid(True, alpha=0.3)
-        ax.legend()
+        style_curve_axes(ax, "GB (10^9 bytes)")
         if title:
             ax.set_title(title, fontsize=9)
         fig.tight_layout()

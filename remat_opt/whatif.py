@@ -485,6 +485,8 @@ def plot_sweeps(sweeps: Sequence[Sweep], title: str = ""):
     """
     from matplotlib.figure import Figure
 
+    from remat_opt.curves import style_curve_axes
+
     fig = Figure(figsize=(11, 4.2))
     peak_ax, saved_ax = fig.subplots(1, 2)
     for sweep in sweeps:
@@ -492,11 +494,7 @@ def plot_sweeps(sweeps: Sequence[Sweep], title: str = ""):
         peak_ax.plot(extra_ms, [p.peak_bytes / GB for p in sweep.points], marker="o", label=sweep.label)
         saved_ax.plot(extra_ms, [p.saved_bytes / GB for p in sweep.points], marker="s", label=sweep.label)
     for ax, what in ((peak_ax, "predicted step peak"), (saved_ax, "saved for backward")):
-        ax.set_xlabel("predicted extra step time (ms)")
-        ax.set_ylabel(f"{what} (GB)")
-        ax.set_ylim(bottom=0)
-        ax.grid(True, alpha=0.3)
-        ax.legend()
+        style_curve_axes(ax, f"{what} (GB)")
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
