@@ -11,6 +11,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "analyze": ("remat_opt.extract", "analyze"),
+    "analyze_model": ("remat_opt.deepen", "analyze_model"),
+    "extend_layers": ("remat_opt.deepen", "extend_layers"),
     "CostRemat": ("remat_opt.transform", "CostRemat"),
     "explain": ("remat_opt.transform", "explain"),
     "GraphCapture": ("remat_opt.extract", "GraphCapture"),

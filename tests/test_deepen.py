@@ -6,6 +6,7 @@ import pytest
 
 from remat_opt.deepen import DeepenError, analyze_model, extend_layers, find_layers, structural_differences
 from remat_opt.plan import simulate_peak_bytes
+from remat_opt.solvers import ILPOptions
 from remat_opt.solvers.synthetic import chain_graph, stacked_blocks_graph
 
 CASES = {
@@ -38,9 +39,11 @@ def test_extended_graph_predicts_the_direct_traces_memory(extended_and_direct):
 def test_extended_graph_plans_like_the_direct_trace(extended_and_direct):
     extended, direct = extended_and_direct
     points = [graph.pareto(4, device="H100") for graph in (extended, direct)]
+    # The ILP prices ops in quanta of time_quantum_s: equally optimal plans may differ by that per op.
+    resolution_s = ILPOptions().time_quantum_s * len(direct.forward_ops)
     for a, b in zip(*points):
         assert (a.saved_bytes, a.peak_bytes) == (b.saved_bytes, b.peak_bytes)
-        assert a.extra_time_s == pytest.approx(b.extra_time_s, rel=1e-9, abs=1e-15)
+        assert a.extra_time_s == pytest.approx(b.extra_time_s, rel=0, abs=resolution_s)
 
 
 def test_extending_twice_matches_one_direct_trace_deeper(extended_and_direct):
