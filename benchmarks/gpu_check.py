@@ -171,7 +171,7 @@ def run_one(label, transform, model, x, ex_list, args) -> dict:
 
 
 def _save_all_peak(planned_step) -> int:
-    from remat_opt.explain import explain_step
+    from remat_opt.explanation import explain_step
 
     return explain_step(planned_step).save_all_peak_bytes
 

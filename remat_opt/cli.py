@@ -228,7 +228,7 @@ def cmd_pareto(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from remat_opt.explain import explain_step
+    from remat_opt.explanation import explain_step
     from remat_opt.planning import PlanRequest, plan_graph
 
     _check_budget_gb("--budget-gb", args.budget_gb)
@@ -241,7 +241,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(explanation.to_dict(), indent=2, default=str))
     else:
         print(_title(spec, request) + f"; {request.describe()}")
-        print(explanation)
+        print(explanation.summary_table() if args.summary else explanation)
     return 0
 
 
@@ -282,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="bound on saved-for-backward bytes (inputs excluded), GB")
     plan.add_argument("--solver", choices=SOLVER_CHOICES, default="auto")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
+    plan.add_argument("--summary", action="store_true",
+                      help="tensors grouped by producing op and action instead of one line per tensor")
     plan.set_defaults(run=cmd_plan)
     return parser
 

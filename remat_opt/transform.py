@@ -149,9 +149,9 @@ def explain(jitted_or_transform):
     """The plan of the last compilation of `jitted` (a `thunder.jit` result with a `CostRemat`).
 
     Returns:
-        An `remat_opt.explain.Explanation`: ``print()`` it for the table, ``.to_dict()`` for data.
+        An `remat_opt.explanation.Explanation`: ``print()`` it for the table, ``.to_dict()`` for data.
     """
-    from remat_opt.explain import explain_step
+    from remat_opt.explanation import explain_step
 
     transform = find_cost_remat(jitted_or_transform)
     if transform.last is None:

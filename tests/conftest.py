@@ -3,9 +3,6 @@
 import remat_opt  # noqa: F401
 
 import pytest
-import thunder
-
-from remat_opt.executors.sdpa_cpu import sdpa_cpu_ex
 
 # Tiny litgpt configs, one per family (see remat_opt.models.tiny_overrides).
 FAMILIES = ("Llama-2-7b-hf", "Llama-3-8B", "gemma-2b", "phi-2", "pythia-14m")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from remat_opt.cli import main, parse_budgets_gb, resolve_device_spec
+from remat_opt.explanation import ExplainRow, Explanation
 
 TINY = ["Llama-2-7b-hf", "--tiny", "--n-layer", "1", "--device", "meta"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +61,34 @@ def test_plan_prints_explain_table(capsys):
     assert "tensor" in out and "action" in out and "tag target" in out
     assert "saved for backward:" in out and "predicted step peak:" in out and "extra recompute time:" in out
     assert "recompute" in out and "H200" in out
+
+
+def test_plan_summary_groups_tensors_by_producer(capsys):
+    argv = ["plan", *TINY, "--device-spec", "h200", "--activation-budget-gb", "0.0001"]
+    assert main([*argv, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert main([*argv, "--summary"]) == 0
+    out = capsys.readouterr().out
+    assert "producer" in out and "tensors" in out and "extra recompute time:" in out
+    assert "tag target" not in out  # no per-tensor table
+    assert len(out.splitlines()) < len(rows)
+
+
+def _row(tensor, producer, storage, nbytes, action="save"):
+    return ExplainRow(tensor=tensor, producer=producer, shape=(4,), dtype="float32", storage=storage,
+                      storage_bytes=nbytes, action=action, recompute_ms=0.0, tag_target=None, reason="")
+
+
+def test_summary_counts_each_storage_once():
+    rows = (_row("a", "mul", "a", 64), _row("b", "expand", "a", 64), _row("c", "linear", "c", 32),
+            _row("d", "mul", "d", 16, action="recompute"), _row("x", None, "x", 8, action="input"))
+    explanation = Explanation(rows=rows, summary="", solver="ilp", status="optimal", gap=0.0, saved_bytes=96,
+                              save_all_bytes=112, peak_bytes=0, save_all_peak_bytes=0, extra_time_s=0.0,
+                              recomputed_tag_targets=("d",), cached=False)
+    groups = {(g["producer"], g["action"]): (g["tensors"], g["bytes"]) for g in explanation.by_producer()}
+    assert groups == {("mul", "save"): (1, 64), ("expand", "save"): (1, 0), ("linear", "save"): (1, 32),
+                      ("mul", "recompute"): (1, 16)}
+    assert sum(b for (_, action), (_, b) in groups.items() if action == "save") == explanation.saved_bytes
 
 
 def test_plan_json(capsys):

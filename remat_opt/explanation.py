@@ -1,5 +1,6 @@
-"""`explain`: the plan of the last compilation as a readable table and as data (no Thunder imports
-here; `remat_opt.explain` resolves a jitted function to its `CostRemat` lazily)."""
+"""The plan of a compilation as a readable table and as data, for `remat_opt.explain(jitted)` and
+`remat-opt plan` (no Thunder imports here; `remat_opt.explain` finds a jitted function's `CostRemat`
+lazily). Named `explanation` so that importing it never shadows the `remat_opt.explain` function."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class ExplainRow:
     producer: str | None
     shape: tuple[int, ...]
     dtype: str
+    storage: str
     storage_bytes: int
     action: str
     recompute_ms: float
@@ -48,6 +50,40 @@ class Explanation:
         data["rows"] = [{k: getattr(r, k) for k in r.__slots__} for r in self.rows]
         return data
 
+    def totals(self) -> list[str]:
+        """Saved bytes, predicted peak, extra time and solver status, one line each."""
+        gap = "" if self.gap is None else f", gap {self.gap:.2%}"
+        return [
+            f"saved for backward: {format_bytes(self.saved_bytes)} (save-all {format_bytes(self.save_all_bytes)})",
+            f"predicted step peak: {format_bytes(self.peak_bytes)} (save-all {format_bytes(self.save_all_peak_bytes)})",
+            f"extra recompute time: {self.extra_time_s * 1e3:.3f} ms; "
+            f"{len(self.recomputed_tag_targets)} tags; solver {self.solver} ({self.status}{gap})"
+            + ("; plan reused from cache" if self.cached else ""),
+        ]
+
+    def by_producer(self) -> list[dict]:
+        """Tensors grouped by (producing symbol, action): count and bytes, the most bytes first.
+
+        Each storage counts once, in the group of the first row that holds it, so the saved groups
+        sum to `saved_bytes`.
+        """
+        groups: dict[tuple[str, str], dict] = {}
+        counted: set[tuple[str, str]] = set()
+        for r in self.rows:
+            if r.action != INPUT:
+                group = groups.setdefault((r.producer or "-", r.action), {"tensors": 0, "bytes": 0})
+                group["tensors"] += 1
+                if (r.action, r.storage) not in counted:
+                    counted.add((r.action, r.storage))
+                    group["bytes"] += r.storage_bytes
+        rows = [{"producer": p, "action": a, **g} for (p, a), g in groups.items()]
+        return sorted(rows, key=lambda r: (r["action"], -r["bytes"], r["producer"]))
+
+    def summary_table(self) -> str:
+        """`by_producer` as a table, then `totals` (what `remat-opt plan --summary` prints)."""
+        rows = [[r["producer"], r["action"], str(r["tensors"]), format_bytes(r["bytes"])] for r in self.by_producer()]
+        return "\n".join([*render_table(rows, ["producer", "action", "tensors", "bytes"]), "", *self.totals()])
+
     def __str__(self) -> str:
         rows = [
             [r.tensor, r.producer or "-", "x".join(map(str, r.shape)), r.dtype, format_bytes(r.storage_bytes),
@@ -56,15 +92,7 @@ class Explanation:
             if r.action != INPUT
         ]
         header = ["tensor", "producer", "shape", "dtype", "bytes", "action", "recompute ms", "tag target", "reason"]
-        gap = "" if self.gap is None else f", gap {self.gap:.2%}"
-        totals = [
-            f"saved for backward: {format_bytes(self.saved_bytes)} (save-all {format_bytes(self.save_all_bytes)})",
-            f"predicted step peak: {format_bytes(self.peak_bytes)} (save-all {format_bytes(self.save_all_peak_bytes)})",
-            f"extra recompute time: {self.extra_time_s * 1e3:.3f} ms; "
-            f"{len(self.recomputed_tag_targets)} tags; solver {self.solver} ({self.status}{gap})"
-            + ("; plan reused from cache" if self.cached else ""),
-        ]
-        return "\n".join([*render_table(rows, header), "", *totals])
+        return "\n".join([*render_table(rows, header), "", *self.totals()])
 
 
 def _reason(step: PlannedStep, name: str, action: str, storage_bytes: int) -> str:
@@ -96,6 +124,7 @@ def explain_step(step: PlannedStep) -> Explanation:
                 producer=producer.symbol if producer else None,
                 shape=tensor.shape,
                 dtype=tensor.dtype,
+                storage=d.storage,
                 storage_bytes=d.storage_bytes,
                 action=d.action,
                 recompute_ms=1e3 * sum(times.get(op, 0.0) for op in d.recompute_ops),
