@@ -31,7 +31,7 @@ from remat_opt.solvers import (
     ParetoPoint,
     solve_ilp,
 )
-from remat_opt.solvers.pareto import solve_at_budget, sweep_budgets
+from remat_opt.solvers.pareto import sweep_budgets, sweep_points
 from remat_opt.solvers.blocks import find_repeated_blocks
 
 GB = 10**9
@@ -130,16 +130,11 @@ def peak_sweep(costed: CostedGraph, n_points: int = 8, *, label: str = "") -> Sw
     Returns:
         The `Sweep`.
     """
-    points, unsolved = [], []
+    errors: list = []
     budgets_bytes, known = sweep_budgets(costed.problem, n_points, "peak")
-    for budget_bytes in budgets_bytes:
-        try:
-            plan = solve_at_budget(costed.problem, budget_bytes, budget="peak", known=known)
-        except (InfeasibleBudgetError, TimeoutError) as e:
-            unsolved.append(f"{budget_bytes / GB:.6g} GB: {e}")
-            continue
-        points.append(ParetoPoint(budget_bytes=budget_bytes, peak_bytes=plan.peak_bytes,
-                                  saved_bytes=plan.saved_bytes, extra_time_s=plan.extra_time_s, plan=plan))
+    points = sweep_points(costed.problem, budgets_bytes, budget="peak", known=() if known is None else (known,),
+                          errors=errors)
+    unsolved = [f"{budget_bytes / GB:.6g} GB: {e}" for budget_bytes, e in errors]
     return Sweep(
         label=label or costed.device,
         points=tuple(points),

@@ -86,3 +86,10 @@ def test_extra_layers_must_not_be_negative():
 def test_no_extra_layers_returns_the_graph():
     graph = chain_graph(6)
     assert extend_layers(graph, 0) is graph
+
+
+def test_peak_sweep_over_tied_layers_plans_every_budget(extended_and_direct):
+    points = extended_and_direct[0].pareto(6, device="H100", budget="peak")
+    assert [p.peak_bytes <= p.budget_bytes for p in points] == [True] * len(points)
+    assert all(p.plan.status in ("optimal", "feasible") for p in points[1:]), [p.plan.status for p in points]
+    assert [p.extra_time_s for p in points] == sorted((p.extra_time_s for p in points), reverse=True)

@@ -99,3 +99,15 @@ def test_time_out_returns_a_checked_plan():
     assert plan.status != "feasible" or plan.gap >= 0.0
     assert plan.saved_bytes <= budget
     assert check_plan(problem.graph, plan, op_time_s=problem.op_time_s) == []
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_pareto_never_slower_at_a_larger_budget(seed):
+    from remat_opt.solvers import pareto
+
+    problem = random_problem(seed)
+    for budget in ("saved", "peak"):
+        points = pareto(problem, n_points=5, budget=budget)
+        times = [p.extra_time_s for p in points]
+        assert times == sorted(times, reverse=True), (budget, times)
+        assert all((p.peak_bytes if budget == "peak" else p.saved_bytes) <= p.budget_bytes for p in points)

@@ -1,6 +1,7 @@
 """`remat_opt.whatif` on small graphs: a tiny 3-layer Llama-2 traced on meta with fused SDPA (costed
 for an H100) and synthetic stacks of identical blocks."""
 
+import importlib
 import subprocess
 import sys
 from dataclasses import replace
@@ -68,15 +69,18 @@ def test_sweep_runs_from_least_peak_to_save_all(tiny, sweep):
 
 
 def test_sweep_reports_a_budget_without_plan(h100, monkeypatch):
-    real = whatif.solve_at_budget
+    pareto_module = importlib.import_module("remat_opt.solvers.pareto")  # the package exports a function `pareto`
+
+    real = pareto_module.solve_once
     budgets_bytes, _ = sweep_budgets(h100.problem, 3, "peak")
 
-    def fail_middle(problem, budget_bytes, **kwargs):
-        if budget_bytes == budgets_bytes[1]:
+    def fail_lowest(problem, budget_bytes, *args, **kwargs):
+        if budget_bytes == budgets_bytes[0]:
             raise TimeoutError("ilp: no plan within budget found")
-        return real(problem, budget_bytes, **kwargs)
+        return real(problem, budget_bytes, *args, **kwargs)
 
-    monkeypatch.setattr(whatif, "solve_at_budget", fail_middle)
+    monkeypatch.setattr(pareto_module, "solve_once", fail_lowest)
+    monkeypatch.setattr(whatif, "sweep_budgets", lambda *args: (budgets_bytes, None))  # no known plan
     sweep = whatif.peak_sweep(h100, 3, label="x")
     assert len(sweep.points) == 2 and len(sweep.unsolved) == 1
     assert "no plan within budget" in sweep.unsolved[0]

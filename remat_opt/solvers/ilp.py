@@ -397,7 +397,7 @@ def _solve(problem, ties: Ties, options: ILPOptions, budgets: Budgets, deadline:
     first = _refine(form, budgets.peak_bytes, budgets.peak_bytes, deadline, exact)
     if first.status != "overshoot":
         return first, form
-    high, low, best = budgets.peak_bytes, None, None
+    high, low, floor, best = budgets.peak_bytes, None, None, None
     step = first.overshoot_bytes
     model_peak = high - step
     for _ in range(options.max_shrinks):
@@ -405,18 +405,20 @@ def _solve(problem, ties: Ties, options: ILPOptions, budgets: Budgets, deadline:
         outcome = _refine(trial, budgets.peak_bytes, model_peak, deadline, exact=False)
         if outcome.status == "overshoot":
             # The solver fills any model budget to its edge, so equal steps can overshoot forever:
-            # double the step until a plan fits, then bisect.
+            # double the step until a plan fits (or the model turns infeasible), then bisect.
             high, step = model_peak, max(2 * step, outcome.overshoot_bytes)
-            model_peak = model_peak - step if low is None else (low + high) // 2
         elif outcome.units is not None:
             low = model_peak
             if best is None or outcome.objective < best[0].objective:
                 best = (outcome, trial)
-            model_peak = (low + high) // 2
+        elif outcome.status == "infeasible":
+            floor = model_peak  # too low for the model: the answer lies above
         else:
             break
-        if low is not None and high - low <= max(1, options.peak_tolerance * budgets.peak_bytes):
+        below = low if low is not None else floor
+        if below is not None and high - below <= max(1, options.peak_tolerance * budgets.peak_bytes):
             break
+        model_peak = model_peak - step if below is None else (below + high) // 2
     if best is None:
         note = f"no model peak budget down to {model_peak} gave a fitting plan in {options.max_shrinks} trials"
         return _Outcome(None, "timeout", notes=(note,)), form
@@ -584,6 +586,12 @@ def solve_ilp(
     budgets = Budgets(budget_bytes, peak_budget_bytes)
     ties = choose_ties(problem, options.tie_blocks, options.min_tied_blocks)
     outcome, form = _solve(problem, ties, options, budgets, deadline)
+    if outcome.units is None and outcome.status != "infeasible" and ties.tied and time.perf_counter() < deadline:
+        # No block-uniform plan fit the simulated peak: search the whole graph exactly in the time left.
+        untied, untied_form = _solve(problem, Ties(), options, budgets, deadline)
+        if untied.units is not None or untied.status == "infeasible":
+            note = "no block-uniform plan fits the simulated peak: solved without tying blocks"
+            outcome, form, ties = replace(untied, notes=(*outcome.notes, note)), untied_form, Ties()
     if outcome.status == "infeasible":
         raise _infeasible(problem, budgets, options)
     if outcome.units is None:

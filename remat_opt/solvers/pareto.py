@@ -59,19 +59,49 @@ def sweep_budgets(problem: RecomputeProblem, n_points: int, budget: str = "saved
     return sorted({low + (high - low) * i // (n_points - 1) for i in range(n_points)}), known
 
 
-def solve_at_budget(problem: RecomputeProblem, budget_bytes: int, *, budget: str = "saved", solver: str = "ilp",
-                    options=None, known: RematPlan | None = None) -> RematPlan:
-    """The solver's plan at one budget of a sweep; `known` when the solver times out and it fits."""
+def solve_once(problem: RecomputeProblem, budget_bytes: int, budget: str = "saved", solver: str = "ilp",
+               options=None) -> RematPlan:
+    """The solver's plan at one budget (``"saved"`` or ``"peak"`` bytes)."""
     from remat_opt.solvers import SOLVERS
 
     keyword = "budget_bytes" if budget == "saved" else "peak_budget_bytes"
     extra = {} if options is None else {"options": options}
-    try:
-        return SOLVERS[solver](problem, **{keyword: budget_bytes}, **extra)
-    except TimeoutError:
-        if known is None or known.peak_bytes > budget_bytes:
-            raise
-        return known
+    return SOLVERS[solver](problem, **{keyword: budget_bytes}, **extra)
+
+
+def _fits(plan: RematPlan, budget: str, budget_bytes: int) -> bool:
+    return (plan.peak_bytes if budget == "peak" else plan.saved_bytes) <= budget_bytes
+
+
+def sweep_points(problem: RecomputeProblem, budgets: Iterable[int], *, budget: str = "saved", solver: str = "ilp",
+                 options=None, known: Iterable[RematPlan] = (), errors: list | None = None) -> list[ParetoPoint]:
+    """Plans at ascending `budgets`; a fitting plan found earlier (or in `known`) that is faster
+    replaces the solver's, so the curve never gets slower as the budget grows (the solver can stop
+    at a time limit or a non-optimal peak search).
+
+    Args:
+        errors: collects ``(budget_bytes, exception)`` for budgets left without a plan; None: raise.
+    """
+    from remat_opt.solvers._common import InfeasibleBudgetError
+
+    found, points = list(known), []
+    for budget_bytes in sorted(budgets):
+        plan, error = None, None
+        try:
+            plan = solve_once(problem, budget_bytes, budget, solver, options)
+        except (TimeoutError, InfeasibleBudgetError) as e:
+            error = e
+        candidates = [p for p in (plan, *found) if p is not None and _fits(p, budget, budget_bytes)]
+        if not candidates:
+            if errors is None:
+                raise error
+            errors.append((budget_bytes, error))
+            continue
+        best = min(candidates, key=lambda p: p.extra_time_s)  # the solver's own plan on ties
+        found.append(best)
+        points.append(ParetoPoint(budget_bytes=budget_bytes, peak_bytes=best.peak_bytes,
+                                  saved_bytes=best.saved_bytes, extra_time_s=best.extra_time_s, plan=best))
+    return points
 
 
 def pareto(
@@ -105,16 +135,5 @@ def pareto(
             raise ValueError("pareto(graph, ...) needs op_time_s")
         problem = RecomputeProblem.from_graph(graph_or_problem, op_time_s, pinned)
     budgets, known = sweep_budgets(problem, n_points, budget, options)
-    points = []
-    for b in budgets:
-        plan = solve_at_budget(problem, b, budget=budget, solver=solver, options=options, known=known)
-        points.append(
-            ParetoPoint(
-                budget_bytes=b,
-                peak_bytes=plan.peak_bytes,
-                saved_bytes=plan.saved_bytes,
-                extra_time_s=plan.extra_time_s,
-                plan=plan,
-            )
-        )
-    return points
+    return sweep_points(problem, budgets, budget=budget, solver=solver, options=options,
+                        known=() if known is None else (known,))
