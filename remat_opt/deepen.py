@@ -315,7 +315,9 @@ def _extended_tensors(layers: _Layers, renamer: _Renamer) -> dict:
     return tensors
 
 
-def extend_layers(graph: JointGraph, extra_layers: int, *, min_layers: int = 3) -> JointGraph:
+def extend_layers(
+    graph: JointGraph, extra_layers: int, *, min_layers: int = 3, traced_layers: int | None = None
+) -> JointGraph:
     """The joint graph of the same model with `extra_layers` more layers (see the module docstring).
 
     Args:
@@ -323,6 +325,7 @@ def extend_layers(graph: JointGraph, extra_layers: int, *, min_layers: int = 3) 
             template's neighbours when the backward blocks are out of phase with the forward).
         extra_layers: how many copies of the template layer to insert (0 returns `graph`).
         min_layers: fewest repeated blocks accepted.
+        traced_layers: the layers the trace had, when known: finding another count is an error.
 
     Raises:
         DeepenError: the layers cannot be found or replicated faithfully.
@@ -332,6 +335,8 @@ def extend_layers(graph: JointGraph, extra_layers: int, *, min_layers: int = 3) 
     if extra_layers == 0:
         return graph
     layers = find_layers(graph, min_layers=min_layers)
+    if traced_layers is not None and layers.forward.count != traced_layers:
+        raise DeepenError(f"found {layers.forward.count} repeated layers in a trace of {traced_layers}; trace every layer")
     template = _choose_template(layers)
     renamer = _Renamer(layers, template, extra_layers)
 
@@ -455,10 +460,7 @@ def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors:
     graph = analyze(model, *inputs, executors=executors_for(executors))
     if traced == depth:
         return graph
-    found = find_layers(graph).forward.count
-    if found != traced:
-        raise DeepenError(f"{spec.name}: found {found} repeated layers in a trace of {traced}; trace every layer")
-    graph = extend_layers(graph, depth - traced)
+    graph = extend_layers(graph, depth - traced, traced_layers=traced)
     note = f"{spec.name}: traced {traced} of {depth} layers in {time.perf_counter() - start_s:.1f} s"
     return replace(graph, notes=(*graph.notes, note))
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict
 
-from remat_opt.graph import JointGraph
+from remat_opt.graph import JointGraph, OpNode
 
 
 _UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
@@ -26,19 +27,27 @@ def format_bytes(n_bytes: int | float) -> str:
     return f"{int(n_bytes)} B"
 
 
+def saved_storage_owners(graph: JointGraph, saved_names: Iterable[str] | None = None) -> dict[str, OpNode | None]:
+    """Distinct non-input storages behind `saved_names` (default: everything saved) -> the op that
+    allocated each (None when no top-level op did)."""
+    names = graph.saved_names if saved_names is None else saved_names
+    storages = dict.fromkeys(graph.tensors[n].storage for n in names if not graph.is_input_storage(n))
+    return {s: graph.producers.get(s) for s in storages}
+
+
 def saved_groups(graph: JointGraph) -> list[dict]:
     """Saved activation storages grouped by the symbol of the op that allocated them.
 
     Every storage is counted once, in the group of its owner, so the group bytes sum to
     `graph.saved_activation_bytes`.
     """
+    owners = saved_storage_owners(graph)
     groups: dict[str, dict] = {}
     for name in graph.saved_names:
         if graph.is_input_storage(name):
             continue
         owner = graph.tensors[name].storage
-        op = graph.producers.get(owner)
-        group = groups.setdefault(op.symbol if op else "?", {"tensors": 0, "storages": set()})
+        group = groups.setdefault(owners[owner].symbol if owners[owner] else "?", {"tensors": 0, "storages": set()})
         group["tensors"] += 1
         group["storages"].add(owner)
     rows = []

@@ -26,6 +26,7 @@ from remat_opt.graph import REASON_AUXILIARY, JointGraph, OpNode
 from remat_opt.plan import RematPlan
 from remat_opt.planning import forward_op_times_s
 from remat_opt.problem import RecomputeProblem
+from remat_opt.report import saved_storage_owners
 from remat_opt.solvers import (
     InfeasibleBudgetError,
     ParetoPoint,
@@ -319,16 +320,9 @@ def layer_of_op(graph: JointGraph) -> dict[str, str]:
     return labels
 
 
-def _saved_storages(graph: JointGraph, saved_names: Iterable[str] | None) -> set[str]:
-    """Distinct non-input storages behind `saved_names` (default: everything saved)."""
-    names = graph.saved_names if saved_names is None else saved_names
-    return {graph.tensors[n].storage for n in names if not graph.is_input_storage(n)}
-
-
 def _saved_bytes_by(graph: JointGraph, saved_names, key_of_op, order: Sequence[str] = ()) -> dict[str, int]:
     totals: dict[str, int] = dict.fromkeys(order, 0)
-    for storage in _saved_storages(graph, saved_names):
-        op = graph.producers.get(storage)
+    for storage, op in saved_storage_owners(graph, saved_names).items():
         key = key_of_op(op) if op is not None else "?"
         totals[key] = totals.get(key, 0) + graph.tensors[storage].storage_bytes
     return totals
