@@ -133,8 +133,7 @@ def peak_sweep(costed: CostedGraph, n_points: int = 8, *, label: str = "") -> Sw
     """
     errors: list = []
     budgets_bytes, known = sweep_budgets(costed.problem, n_points, "peak")
-    points = sweep_points(costed.problem, budgets_bytes, budget="peak", known=() if known is None else (known,),
-                          errors=errors)
+    points = sweep_points(costed.problem, budgets_bytes, budget="peak", known=known, errors=errors)
     unsolved = [f"{budget_bytes / GB:.6g} GB: {e}" for budget_bytes, e in errors]
     return Sweep(
         label=label or costed.device,

@@ -80,7 +80,7 @@ def test_sweep_reports_a_budget_without_plan(h100, monkeypatch):
         return real(problem, budget_bytes, *args, **kwargs)
 
     monkeypatch.setattr(pareto_module, "solve_once", fail_lowest)
-    monkeypatch.setattr(whatif, "sweep_budgets", lambda *args: (budgets_bytes, None))  # no known plan
+    monkeypatch.setattr(whatif, "sweep_budgets", lambda *args: (budgets_bytes, ()))  # no known plan
     sweep = whatif.peak_sweep(h100, 3, label="x")
     assert len(sweep.points) == 2 and len(sweep.unsolved) == 1
     assert "no plan within budget" in sweep.unsolved[0]

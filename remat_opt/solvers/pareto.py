@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import time
-
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from remat_opt.graph import JointGraph
 from remat_opt.plan import RematPlan
 from remat_opt.problem import RecomputeProblem
-from remat_opt.solvers._common import checked
+from remat_opt.solvers._common import InfeasibleBudgetError, checked
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,26 +31,26 @@ class ParetoPoint:
     plan: RematPlan
 
 
-def _budget_range(problem: RecomputeProblem, budget: str, options) -> tuple[int, int, RematPlan | None]:
-    """(least budget, save-all's budget, a plan at the least budget when one is already known)."""
+def _budget_range(problem: RecomputeProblem, budget: str, options) -> tuple[int, int, tuple[RematPlan, ...]]:
+    """(least budget, save-all's budget, plans at the least budget already known)."""
     from remat_opt.solvers.baselines import solve_save_all
     from remat_opt.solvers.ilp import ILPOptions, minimum_peak, minimum_saved_bytes
 
     ilp_options = options if isinstance(options, ILPOptions) else ILPOptions()
     save_all = solve_save_all(problem)
     if budget == "saved":
-        return minimum_saved_bytes(problem, ilp_options), save_all.saved_bytes, None
+        return minimum_saved_bytes(problem, ilp_options), save_all.saved_bytes, ()
     start_s = time.perf_counter()
     found = minimum_peak(problem, ilp_options)
-    note = "the least-peak plan found while bounding the sweep (the solver timed out at this budget)"
+    note = "the least-peak plan found while bounding the sweep"
     plan = problem.plan_for(found.units, solver="ilp", status="fallback", peak_budget_bytes=found.best_bytes,
                             solve_time_s=time.perf_counter() - start_s, notes=(note,))
-    return found.best_bytes, save_all.peak_bytes, checked(problem, plan)
+    return found.best_bytes, save_all.peak_bytes, (checked(problem, plan),)
 
 
 def sweep_budgets(problem: RecomputeProblem, n_points: int, budget: str = "saved", options=None):
     """``(budgets, known)``: `n_points` budgets evenly spaced from the least feasible to save-all's,
-    and, for peak sweeps, a plan at the least one (what bounding the range found)."""
+    and the plans already known at the least one (for peak sweeps: what bounding the range found)."""
     if budget not in ("saved", "peak"):
         raise ValueError(f"budget must be 'saved' or 'peak', got {budget!r}")
     low, high, known = _budget_range(problem, budget, options)
@@ -82,8 +81,6 @@ def sweep_points(problem: RecomputeProblem, budgets: Iterable[int], *, budget: s
     Args:
         errors: collects ``(budget_bytes, exception)`` for budgets left without a plan; None: raise.
     """
-    from remat_opt.solvers._common import InfeasibleBudgetError
-
     found, points = list(known), []
     for budget_bytes in sorted(budgets):
         plan, error = None, None
@@ -135,5 +132,4 @@ def pareto(
             raise ValueError("pareto(graph, ...) needs op_time_s")
         problem = RecomputeProblem.from_graph(graph_or_problem, op_time_s, pinned)
     budgets, known = sweep_budgets(problem, n_points, budget, options)
-    return sweep_points(problem, budgets, budget=budget, solver=solver, options=options,
-                        known=() if known is None else (known,))
+    return sweep_points(problem, budgets, budget=budget, solver=solver, options=options, known=known)
