@@ -62,7 +62,8 @@ How each column is obtained:
     grads            every parameter gradient after one step against eager PyTorch's
                      (``torch.testing.assert_close``, rtol 1e-4, atol 1e-5 times the largest
                      reference gradient of that parameter, at least 1e-5); a mismatch is printed,
-                     marked MISMATCH and makes the script exit with status 1.
+                     marked MISMATCH and makes the script exit with status 1. So does a CostRemat
+                     run whose measured saved bytes differ from its plan's or exceed its budget.
 
 At matched saved bytes: for each CostRemat run and each torch solver, the torch run (the solver's
 runs and the 1.00 reference) whose measured saved bytes are closest, and torch's step ratio and
@@ -103,6 +104,10 @@ GRAD_RTOL = 1e-4
 GRAD_ATOL = 1e-5
 MB = 10**6
 TORCH_SOLVERS = ("dp", "ilp")
+# Notes that make the run fail (exit status 1): a wrong gradient, or CostRemat's measured saved bytes
+# differing from its plan or exceeding its budget.
+GRADIENT_MISMATCH = "GRADIENT MISMATCH"
+SAVED_MISMATCH = "SAVED-BYTES MISMATCH"
 THUNDER, TORCH = "thunder", "torch"
 
 
@@ -337,14 +342,16 @@ class Measured:
     grad_max_abs: float
     plan_flops: int | None
     plan_saved_bytes: int | None
+    budget_bytes: int | None
 
 
-def plan_figures(system: System) -> tuple[int | None, int | None]:
-    """CostRemat's predicted recompute FLOPs (costmodels formulas) and saved bytes, from its last plan."""
+def plan_figures(system: System) -> tuple[int | None, int | None, int | None]:
+    """CostRemat's predicted recompute FLOPs (costmodels formulas), saved bytes and activation budget."""
     if system.transform is None or system.transform.last is None:
-        return None, None
+        return None, None, None
     step = system.transform.last
-    return step.costs.chain_cost(step.plan.recompute_ops).flops, step.plan.saved_bytes
+    flops = step.costs.chain_cost(step.plan.recompute_ops).flops
+    return flops, step.plan.saved_bytes, step.request.activation_budget_bytes
 
 
 def measure(system: System, named_params: dict, reference: dict) -> Measured:
@@ -356,7 +363,7 @@ def measure(system: System, named_params: dict, reference: dict) -> Measured:
     peak = measure_step_peak_bytes(system.fn, *system.args, loss_fn=loss_of)
     flops = backward_flops(system, params)
     problems, worst_abs = grad_mismatches(system, named_params, reference)
-    plan_flops, plan_saved_bytes = plan_figures(system)
+    plan_flops, plan_saved_bytes, budget_bytes = plan_figures(system)
     return Measured(
         saved_bytes=saved_bytes,
         peak_bytes=peak.peak_bytes,
@@ -365,6 +372,7 @@ def measure(system: System, named_params: dict, reference: dict) -> Measured:
         grad_max_abs=worst_abs,
         plan_flops=plan_flops,
         plan_saved_bytes=plan_saved_bytes,
+        budget_bytes=budget_bytes,
     )
 
 
@@ -689,14 +697,16 @@ def config_notes(systems: list[System], measured: dict[str, Measured]) -> list[s
             notes.append(f"{s.key}: {s.error}")
             continue
         m = measured[s.key]
-        notes += [f"GRADIENT MISMATCH {s.key}: {problem}" for problem in m.grad_problems]
+        notes += [f"{GRADIENT_MISMATCH} {s.key}: {problem}" for problem in m.grad_problems]
         if m.plan_saved_bytes is not None:
-            plan_checks.append(m.plan_saved_bytes == m.saved_bytes)
-            if m.plan_saved_bytes != m.saved_bytes:
-                notes.append(f"{s.key}: plan predicted {m.plan_saved_bytes} saved bytes, measured {m.saved_bytes}")
+            plan_checks.append(m.plan_saved_bytes == m.saved_bytes <= m.budget_bytes)
+            if m.plan_saved_bytes != m.saved_bytes or m.saved_bytes > m.budget_bytes:
+                notes.append(f"{SAVED_MISMATCH} {s.key}: plan predicted {m.plan_saved_bytes} saved bytes, "
+                             f"measured {m.saved_bytes}, budget {m.budget_bytes}")
     if plan_checks and all(plan_checks):
-        notes.append(f"All {len(plan_checks)} CostRemat runs: measured saved bytes equal the plan's, to the byte.")
-    if not any(note.startswith("GRADIENT MISMATCH") for note in notes):
+        notes.append(f"All {len(plan_checks)} CostRemat runs: measured saved bytes equal the plan's, to the byte, "
+                     "and are within the budget.")
+    if not any(note.startswith(GRADIENT_MISMATCH) for note in notes):
         n_checked = sum(s.error is None for s in systems)
         notes.append(f"All {n_checked} runs: every parameter gradient matches eager PyTorch within tolerance.")
     return notes
@@ -769,9 +779,9 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(markdown)
     print(f"wrote {out}")
-    mismatches = [n for r in results for n in r.notes if n.startswith("GRADIENT MISMATCH")]
-    if mismatches:
-        print(f"\n{len(mismatches)} GRADIENT MISMATCHES:\n" + "\n".join(mismatches), file=sys.stderr)
+    failures = [n for r in results for n in r.notes if n.startswith((GRADIENT_MISMATCH, SAVED_MISMATCH))]
+    if failures:
+        print(f"\n{len(failures)} FAILED CHECKS:\n" + "\n".join(failures), file=sys.stderr)
         return 1
     return 0
 
