@@ -12,7 +12,7 @@ Systems:
     thunder auto         the same with ``auto_recompute_intermediates=True``.
     CostRemat            the same executors with ``transforms=[CostRemat(activation_budget_gb=b,
                          device="cpu")]`` at ``--budgets`` budgets ``b`` evenly spaced from the least
-                         saved bytes any plan reaches to save-all (``remat_opt.analyze(...).pareto``).
+                         saved bytes any plan reaches to save-all (``remat_opt.pareto_curve``).
     torch.compile        ``torch.compile(forward, backend="inductor", fullgraph=True)`` with
                          ``torch._functorch.config.activation_memory_budget = r`` and
                          ``activation_memory_budget_solver`` ``"dp"`` and ``"ilp"``, where ``r`` is a
@@ -91,12 +91,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import remat_opt  # before thunder: remat_opt's torch-compat step must run first
+import remat_opt
+from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
 import thunder
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from remat_opt.cli import executors_for
+from remat_opt.executors import executors_for
 from remat_opt.measure import measure_saved_bytes, measure_step_peak_bytes
 from remat_opt.transform import CostRemat
 
@@ -205,7 +206,7 @@ def compile_system(system: System, make: Callable[[], Callable], params: list) -
 def cost_remat_budgets(model, idx, n_budgets: int) -> tuple[list, int]:
     """Pareto points of the analyzed graph (least saved bytes .. save-all) and save-all's saved bytes."""
     graph = remat_opt.analyze(model, idx, executors=executors_for("fused-sdpa"))
-    points = graph.pareto(n_budgets, device="cpu")
+    points = remat_opt.pareto_curve(graph, n_budgets, device_spec="cpu")
     return points, graph.saved_activation_bytes
 
 

@@ -10,17 +10,17 @@ could not replay on meta with the shapes the graph records. Then the torch.compi
 
 from __future__ import annotations
 
-import remat_opt  # noqa: F401  (before thunder)
+from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
 
 import time
 
-from remat_opt.cli import executors_for
+from remat_opt.executors import executors_for
 from remat_opt.examples import block
 from remat_opt.extract import analyze
 from remat_opt.models import ModelSpec, build_model
 
-from costmodels.api import coverage_report
-from costmodels.profiler import replay
+from remat_opt.costing import coverage_report
+from remat_opt.profiling import replay
 
 FAMILIES = ("Llama-2-7b-hf", "Llama-3-8B", "gemma-2b", "phi-2", "pythia-14m", "Mistral-7B-v0.1", "block")
 

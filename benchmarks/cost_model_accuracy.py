@@ -1,7 +1,7 @@
 """How well the roofline predicts measured op times: profile a tiny Llama on the CPU and compare.
 
 For each sequence length: analyze a tiny one-layer Llama-2 (fused CPU SDPA), profile every distinct
-op (`costmodels.profiler.profile_graph`), write the cost table and read it back, then print the
+op (`remat_opt.profiling.profile_graph`), write the cost table and read it back, then print the
 Spearman rank correlation of roofline vs measured time per distinct op, the forward+backward totals
 (roofline, sum of measured ops) and the measured time of a real Thunder training step.
 
@@ -13,7 +13,7 @@ at the OpenMP barrier (16 ms matmuls of 0.01 ms were seen) and the times measure
 
 from __future__ import annotations
 
-import remat_opt  # noqa: F401  (before thunder)
+from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
 
 import argparse
 import statistics
@@ -24,12 +24,13 @@ from pathlib import Path
 import thunder
 import torch
 
-from remat_opt.cli import executors_for
+from remat_opt.executors import executors_for
 from remat_opt.extract import analyze
 from remat_opt.models import ModelSpec, build_model
 
-from costmodels.profiler import ProfileOptions, profile_graph
-from costmodels.report import compare, format_comparison
+from costmodels.timing import ProfileOptions
+from remat_opt.profiling import profile_graph
+from remat_opt.cost_report import compare, format_comparison
 from costmodels.table import load_table, save_table
 
 

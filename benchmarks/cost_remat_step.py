@@ -14,7 +14,7 @@ import argparse
 import statistics
 import time
 
-import remat_opt  # noqa: F401  (before thunder)
+from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
 import thunder
 import torch
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import time
 
-import remat_opt  # noqa: F401  (before thunder)
-from remat_opt.deepen import analyze_model, structural_differences
+from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
+from remat_opt.graph_diff import structural_differences
+from remat_opt.model_graphs import analyze_model
 from remat_opt.plan import simulate_peak_bytes
 
 

@@ -200,7 +200,7 @@ def main(argv=None) -> int:
     require_cuda()
 
     # isort: off
-    import remat_opt  # noqa: F401  (before thunder)
+    from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
     import thunder
     import torch
 

@@ -18,7 +18,7 @@ import argparse
 import statistics
 import time
 
-import remat_opt  # noqa: F401  (must come before thunder)
+from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
 
 import torch
 import torch.nn.functional as F

@@ -2,8 +2,8 @@
 
 For each depth: trace (or load a cached graph), build the problem, then solve with the ILP and the
 min-cut at three saved-bytes budgets and three peak budgets, verify every plan with the
-independent checker, and print one line per solve. Op times come from ``costmodels`` (formula
-roofline on the named GPU) when it imports, else from `proxy_op_time_s`.
+independent checker, and print one line per solve. Op times come from `remat_opt.costing` (formula
+roofline on the named GPU).
 
     .venv/bin/python benchmarks/solve_llama.py --layers 2 8 32 --cache /tmp/remat_graphs
 
@@ -17,12 +17,15 @@ import pickle
 import time
 from pathlib import Path
 
-import remat_opt  # noqa: F401  (before thunder)
+import remat_opt
+from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
 from remat_opt.plan import check_plan
-from remat_opt.problem import RecomputeProblem, proxy_op_time_s
+from remat_opt.problem import RecomputeProblem
 from remat_opt.solvers import SOLVERS, ILPOptions, solve_save_all
-from remat_opt.solvers.blocks import find_repeated_blocks
-from remat_opt.solvers.ilp import _Formulation, _peak_model_minimum, choose_ties, minimum_saved_bytes
+from remat_opt.layers import find_repeated_blocks
+from remat_opt.solvers.blocks import choose_ties
+from remat_opt.solvers.ilp_bounds import minimum_saved_bytes, peak_model_minimum
+from remat_opt.solvers.ilp_model import ILPModel
 
 GiB = 2**30
 
@@ -48,13 +51,10 @@ def load_graph(n_layer: int, seq: int, cache: Path | None):
 
 
 def op_times(graph, device: str) -> tuple[dict[str, float], str]:
-    try:
-        from costmodels.api import CostModel
+    from remat_opt.costing import CostModel
 
-        costs = CostModel(graph, device)
-        return {op.name: costs.op_cost(op).time_s for op in graph.forward_ops}, f"costmodels ({device})"
-    except Exception as e:  # the cost model is optional here
-        return proxy_op_time_s(graph), f"proxy (costmodels unavailable: {type(e).__name__})"
+    costs = CostModel(graph, device)
+    return {op.name: costs.op_cost(op).time_s for op in graph.forward_ops}, f"costmodels ({device})"
 
 
 def budgets(problem: RecomputeProblem) -> dict[str, list[int]]:
@@ -62,7 +62,7 @@ def budgets(problem: RecomputeProblem) -> dict[str, list[int]]:
     save_all = solve_save_all(problem)
     low_saved = minimum_saved_bytes(problem)
     ties = choose_ties(problem, None)
-    low_peak, _ = _peak_model_minimum(problem, _Formulation(problem, ties, ILPOptions()), time.perf_counter() + 10)
+    low_peak, _ = peak_model_minimum(problem, ILPModel(problem, ties, ILPOptions()), time.perf_counter() + 10)
     between = lambda low, high: [int(low + f * (high - low)) for f in (0.25, 0.5, 0.75)]  # noqa: E731
     return {
         "budget_bytes": between(low_saved, save_all.saved_bytes),

@@ -4,12 +4,12 @@ Modules:
     formulas: one registry of per-op FLOP and byte formulas (`register_cost`, `formula_cost`).
     devices: GPU spec sheets, CPU calibration, the roofline (`get_device_spec`, `roofline_time_s`).
     table: measured cost tables as JSON (`save_table`, `load_table`, `op_key`).
-    api: the cost API of the solvers (`CostModel`, `coverage_report`).
     runners: executing one op with torch (used by the profiler).
-    profiler: ``remat-opt profile`` (`profile_graph`, `add_profile_arguments`, `run_profile`).
-    report: roofline against measured times (`compare`, `spearman`, `format_comparison`).
+    timing: timing one call on a device (`ProfileOptions`, `time_call`).
 
-No module imports Thunder (the profiler's command line builds the graph through `remat_opt.cli`).
+A leaf library: it never imports `remat_opt` or Thunder (an import-linter contract in
+pyproject.toml checks it). Costing a whole joint graph is `remat_opt.costing`; profiling one is
+`remat_opt.profiling`.
 """
 
 from costmodels.formulas import OpArgs, OpCost, TensorMeta, formula_cost, register_cost

@@ -1,42 +1,49 @@
 """remat-opt: cost-model-driven rematerialization planning for Lightning Thunder.
 
-Importing this package first runs the torch/Thunder compatibility step (see ``remat_opt._compat``),
-so ``import remat_opt`` followed by ``import thunder`` works on torch versions that removed the
-named-tensor methods.
-"""
+The user API, imported on first use so that ``import remat_opt`` stays cheap and imports neither
+torch nor Thunder:
 
-from remat_opt import _compat  # noqa: F401  (must run before anything imports thunder)
+* `CostRemat` (a Thunder transform) and `explain` (the plan of a jitted function's last call);
+* `analyze` (the joint graph of a model, without running a step), `analyze_model` (a litgpt config
+  at full depth, traced on meta from a few layers), `plan_graph` and `pareto_curve` (offline plans);
+* `measure_saved_bytes` and `measure_step_peak_bytes` (what a real step saves and peaks at);
+* `sdpa_cpu_ex` (fused SDPA on CPU and meta, so that traces there look like GPU traces);
+* the errors to catch: `InfeasibleBudgetError`, `ModelTraceError`, `DeepenError`.
+
+Internals live in their modules (`remat_opt.graph`, `remat_opt.solvers`, ...). The modules that
+touch Thunder apply the torch compatibility step (`remat_opt._compat`) before importing it, so
+``from remat_opt import CostRemat`` before ``import thunder`` works on torch 2.13.
+"""
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "analyze": ("remat_opt.extract", "analyze"),
-    "analyze_model": ("remat_opt.deepen", "analyze_model"),
-    "extend_layers": ("remat_opt.deepen", "extend_layers"),
     "CostRemat": ("remat_opt.transform", "CostRemat"),
     "explain": ("remat_opt.transform", "explain"),
-    "GraphCapture": ("remat_opt.extract", "GraphCapture"),
-    "JointGraph": ("remat_opt.graph", "JointGraph"),
-    "measure": ("remat_opt.measure", None),
-    "RematPlan": ("remat_opt.plan", "RematPlan"),
-    "check_plan": ("remat_opt.plan", "check_plan"),
-    "simulate_step": ("remat_opt.plan", "simulate_step"),
-    "RecomputeProblem": ("remat_opt.problem", "RecomputeProblem"),
-    "SOLVERS": ("remat_opt.solvers", "SOLVERS"),
-    "pareto": ("remat_opt.solvers", "pareto"),
+    "analyze": ("remat_opt.extract", "analyze"),
+    "analyze_model": ("remat_opt.model_graphs", "analyze_model"),
+    "plan_graph": ("remat_opt.planning", "plan_graph"),
+    "pareto_curve": ("remat_opt.planning", "pareto_curve"),
+    "measure_saved_bytes": ("remat_opt.measure", "measure_saved_bytes"),
+    "measure_step_peak_bytes": ("remat_opt.measure", "measure_step_peak_bytes"),
     "sdpa_cpu_ex": ("remat_opt.executors.sdpa_cpu", "sdpa_cpu_ex"),
+    "InfeasibleBudgetError": ("remat_opt.errors", "InfeasibleBudgetError"),
+    "ModelTraceError": ("remat_opt.extract", "ModelTraceError"),
+    "DeepenError": ("remat_opt.deepen", "DeepenError"),
 }
 
 
 def __getattr__(name: str):
-    # Thunder-dependent parts are imported on first use: `import remat_opt` stays cheap.
     if name not in _LAZY:
         raise AttributeError(f"module 'remat_opt' has no attribute {name!r}")
     import importlib
 
     module_name, attr = _LAZY[name]
-    module = importlib.import_module(module_name)
-    return module if attr is None else getattr(module, attr)
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
 
 
 __all__ = sorted(_LAZY)

@@ -14,11 +14,11 @@ import json
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
-from remat_opt import _compat  # noqa: F401  (before thunder)
+from remat_opt.executors import EXECUTOR_CHOICES, executors_for
 from remat_opt.models import DTYPES, ModelSpec, ModelSpecError
 
-EXECUTOR_CHOICES = ("fused-sdpa", "default", "torch-compile")
 
 
 def add_model_arguments(
@@ -62,25 +62,10 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
     )
 
 
-def executors_for(choice: str) -> list | None:
-    """Thunder executor list for a `--executors` choice (None: Thunder's defaults)."""
-    import thunder
-
-    from remat_opt.executors.sdpa_cpu import sdpa_cpu_ex
-
-    if choice == "default":
-        return None
-    if choice == "torch-compile":
-        from thunder.executors.torch_compile import torch_compile_ex
-
-        return [torch_compile_ex, sdpa_cpu_ex, *thunder.get_default_executors()]
-    return [sdpa_cpu_ex, *thunder.get_default_executors()]
-
-
 def analyze_from_args(args: argparse.Namespace):
     """Builds the model named by `args` and returns ``(spec, graph, seconds)``.
 
-    Deep litgpt configs on meta are traced with a few layers and extended (`remat_opt.deepen`).
+    Deep litgpt configs on meta are traced with a few layers and extended (`remat_opt.model_graphs`).
     """
     from remat_opt.extract import analyze
     from remat_opt.models import build_model, check_same_device, check_spec, litgpt_config
@@ -90,7 +75,7 @@ def analyze_from_args(args: argparse.Namespace):
     traced_layers = _traced_layers(args, spec)
     start_s = time.perf_counter()
     if traced_layers:
-        from remat_opt.deepen import analyze_spec
+        from remat_opt.model_graphs import analyze_spec
 
         config, seq = litgpt_config(spec)
         spec = replace(spec, seq=spec.seq or seq, n_layer=config.n_layer)
@@ -112,7 +97,7 @@ def _traced_layers(args: argparse.Namespace, spec: ModelSpec) -> int:
         return 0
     if args.traced_layers is not None:
         return args.traced_layers
-    from remat_opt.deepen import DEFAULT_TRACED_LAYERS
+    from remat_opt.model_graphs import DEFAULT_TRACED_LAYERS
 
     return DEFAULT_TRACED_LAYERS if spec.device == "meta" else 0
 
@@ -189,20 +174,18 @@ def _cost_request_kwargs(args: argparse.Namespace) -> dict:
     if args.device_spec is None and args.cost_table is None and args.device in ("meta", "cuda"):
         raise ValueError(f"--device {args.device} graphs need --device-spec ({', '.join(DEVICE_SPEC_NAMES)}) "
                          "or --cost-table")
-    return {"device": resolve_device_spec(args.device_spec), "cost_table": args.cost_table,
+    return {"device_spec": resolve_device_spec(args.device_spec), "cost_table": args.cost_table,
             "time_limit_s": args.time_limit_s}
 
 
 def _title(spec, request) -> str:
-    device = request.device or (request.table.device if request.table is not None else "?")
+    device = request.device_spec or (request.table.device if request.table is not None else "?")
     return f"{spec.name} n_layer={spec.n_layer} seq={spec.seq} batch={spec.batch} {spec.dtype}, costed for {device}"
 
 
 def cmd_pareto(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from remat_opt.curves import plot_curve, render_points, write_csv
-    from remat_opt.planning import PlanRequest, pareto_front, plan_graph
+    from remat_opt.planning import PlanRequest, pareto_points, plan_step
     from remat_opt.solvers.pareto import ParetoPoint
 
     budgets_gb = None if args.budgets_gb is None else parse_budgets_gb(args.budgets_gb)
@@ -211,12 +194,12 @@ def cmd_pareto(args: argparse.Namespace) -> int:
     request = PlanRequest.create(**_cost_request_kwargs(args))
     spec, graph, _ = analyze_from_args(args)
     if budgets_gb is None:
-        points = pareto_front(graph, request, args.points, budget=args.budget)
+        points = pareto_points(graph, request, args.points, budget=args.budget)
     else:
         key = "activation_budget_bytes" if args.budget == "saved" else "peak_budget_bytes"
         points = []
         for gb in budgets_gb:
-            plan = plan_graph(graph, replace(request, **{key: round(gb * 1e9)})).plan
+            plan = plan_step(graph, replace(request, **{key: round(gb * 1e9)})).plan
             points.append(ParetoPoint(round(gb * 1e9), plan.peak_bytes, plan.saved_bytes, plan.extra_time_s, plan))
     out = Path(args.out)
     csv_path = write_csv(points, out / "pareto.csv")
@@ -229,19 +212,74 @@ def cmd_pareto(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from remat_opt.explanation import explain_step
-    from remat_opt.planning import PlanRequest, plan_graph
+    from remat_opt.planning import PlanRequest, plan_step
 
     _check_budget_gb("--budget-gb", args.budget_gb)
     _check_budget_gb("--activation-budget-gb", args.activation_budget_gb)
     request = PlanRequest.from_gb(budget_gb=args.budget_gb, activation_budget_gb=args.activation_budget_gb,
                                   solver=args.solver, **_cost_request_kwargs(args))
     spec, graph, _ = analyze_from_args(args)
-    explanation = explain_step(plan_graph(graph, request))
+    explanation = explain_step(plan_step(graph, request))
     if args.json:
         print(json.dumps(explanation.to_dict(), indent=2, default=str))
     else:
         print(_title(spec, request) + f"; {request.describe()}")
         print(explanation.summary_table() if args.summary else explanation)
+    return 0
+
+
+# ---- `remat-opt profile` ------------------------------------------------------------------
+
+
+def add_profile_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of ``remat-opt profile``: the model options (with ``--device cpu`` by default) and
+    the profiling options."""
+    add_model_arguments(parser, device_default="cpu", device_help="cpu (the default) or cuda: where ops are timed")
+    parser.add_argument("--output", "-o", default=None, help="cost table path (default: cost_tables/<device>.json)")
+    parser.add_argument("--report", action="store_true", help="print predicted vs measured per op and Spearman")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed calls per op")
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls per op, at least")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def default_table_path(device_name: str) -> Path:
+    """``cost_tables/<device name as a file name>.json`` under the current directory."""
+    slug = "".join(c if c.isalnum() else "-" for c in device_name).strip("-").lower()
+    while "--" in slug:
+        slug = slug.replace("--", "-")
+    return Path("cost_tables") / f"{slug[:80]}.json"
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Runs ``remat-opt profile``: builds and analyzes the model, times its ops, writes the table.
+
+    Returns:
+        The exit status: 0, or 2 for a device that cannot time ops.
+    """
+    import torch
+
+    from costmodels.table import load_table, save_table
+    from costmodels.timing import ProfileOptions
+    from remat_opt.cost_report import compare, format_comparison
+    from remat_opt.profiling import profile_graph
+
+    if not (args.device == "cpu" or args.device.startswith("cuda")):
+        print(f"remat-opt: error: --device {args.device} cannot time ops; use cpu or cuda", file=sys.stderr)
+        return 2
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    spec, graph, _ = analyze_from_args(args)
+    options = ProfileOptions(warmup=args.warmup, repeats=args.repeats)
+    table = profile_graph(graph, device=args.device, options=options, progress=not args.no_progress, model=repr(spec))
+    path = save_table(table, args.output or default_table_path(table.device))
+    table = load_table(path, device=args.device)  # what planners will read: check it round-trips
+    print(f"wrote {path}: {len(table.entries)} ops timed, {len(table.skipped)} skipped, on {table.device}")
+    for key, reason in table.skipped:
+        print(f"  skipped {key[:100]}: {reason}")
+    if args.report:
+        print(format_comparison(compare(graph, table)))
     return 0
 
 
@@ -254,11 +292,9 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.set_defaults(run=cmd_inspect)
 
-    from costmodels.profiler import add_profile_arguments, run_profile
-
     profile = sub.add_parser("profile", help="time every op of a model on this device -> JSON cost table")
     add_profile_arguments(profile)
-    profile.set_defaults(run=run_profile)
+    profile.set_defaults(run=cmd_profile)
 
     pareto = sub.add_parser("pareto", help="sweep budgets: peak/saved GB vs predicted extra time -> CSV, PNG, SVG")
     add_model_arguments(pareto)

@@ -1,6 +1,6 @@
 """Pareto curves of a remat plan sweep as CSV, PNG and SVG (pure functions; no Thunder imports).
 
-    points = graph.pareto(8, device="H100")
+    points = remat_opt.pareto_curve(graph, 8, device_spec="H100")
     write_csv(points, "pareto_out/pareto.csv")
     plot_curve(points, "pareto_out/pareto.png", "pareto_out/pareto.svg", "Llama-2-7b-hf on H100")
 

@@ -15,119 +15,22 @@ the incoming gradient backward), or of no layer (inputs shared by all layers, su
 Copies keep each read's layer offset. Anything that breaks this (an op outside the layers reading
 the template, a tag target spread over layers) raises `DeepenError` rather than guessing.
 
-`structural_differences(a, b)` compares two graphs up to renaming; the tests check an extended
-graph against a direct trace of the same depth with it.
+Layers are found by `remat_opt.layers`; `remat_opt.graph_diff.structural_differences` compares an
+extended graph with a direct trace; `remat_opt.model_graphs.analyze_model` traces and extends.
 """
 
 from __future__ import annotations
 
-import time
-from collections import Counter
-from dataclasses import dataclass, field, replace
-from functools import cached_property
+from dataclasses import replace
 
 from remat_opt.graph import JointGraph, OpNode, TensorOrigin
-from remat_opt.solvers.blocks import RepeatedBlocks, find_periodic_run, find_repeated_blocks, op_kind, op_signature_codes
+from remat_opt.layers import LayerError, Layers, find_layers, op_kind
 
 COPY_SEPARATOR = "@L"  # copy names read "t123@L7": template tensor t123 in layer 7 ("@2L" when taken)
 
 
-class DeepenError(ValueError):
+class DeepenError(LayerError):
     """The graph's layers cannot be found or replicated; the message says what broke."""
-
-
-@dataclass(frozen=True)
-class _Layers:
-    """Which layer every op, tensor and tag target of a traced graph belongs to (absent: none)."""
-
-    graph: JointGraph
-    forward: RepeatedBlocks
-    backward: RepeatedBlocks
-    backward_layer_of_block: tuple[int, ...]
-    op_layer: dict[str, int]
-    tensor_layer: dict[str, int] = field(default_factory=dict)
-    tag_layer: dict[str, int | None] = field(default_factory=dict)
-
-    def block_ops(self, layer: int, backward: bool) -> tuple[OpNode, ...]:
-        """The ops of `layer`'s forward (or backward) block, in trace order."""
-        if backward:
-            if layer not in self.backward_layer_of_block:
-                raise DeepenError(f"layer {layer} has no backward block")
-            run, ops, block = self.backward, self.graph.backward_ops, self.backward_layer_of_block.index(layer)
-        else:
-            run, ops, block = self.forward, self.graph.forward_ops, layer
-        start = run.start + block * run.period
-        return ops[start : start + run.period]
-
-    @cached_property
-    def covered(self) -> frozenset[int]:
-        """Layers with a full forward block and a full backward block."""
-        return frozenset(range(self.forward.count)) & frozenset(self.backward_layer_of_block)
-
-
-def _backward_layers(graph: JointGraph, forward_layer: dict[str, int], run: RepeatedBlocks) -> tuple[int, ...]:
-    """The forward layer of each backward block: the layer whose tensors it reads most."""
-    producers = graph.producers
-    layers = []
-    for block in range(run.count):
-        ops = graph.backward_ops[run.start + block * run.period : run.start + (block + 1) * run.period]
-        read = Counter(
-            forward_layer[producers[name].name]
-            for op in ops
-            for name in op.inputs
-            if name in producers and producers[name].name in forward_layer
-        )
-        if not read:
-            raise DeepenError(f"backward block {block} reads no tensor of a forward layer")
-        layers.append(read.most_common(1)[0][0])
-    if any(b - a != -1 for a, b in zip(layers, layers[1:])):
-        raise DeepenError(f"backward blocks do not run through the layers in reverse: {layers}")
-    return tuple(layers)
-
-
-def _input_layers(graph: JointGraph, op_layer: dict[str, int]) -> dict[str, int]:
-    """Inputs (parameters) read by the forward ops of exactly one layer belong to it."""
-    found = {}
-    for name in graph.input_names:
-        readers = [op for op in graph.consumers.get(name, ()) if not op.is_backward]
-        layers = {op_layer.get(op.name) for op in readers}
-        if len(layers) == 1 and None not in layers:
-            found[name] = layers.pop()
-    return found
-
-
-def _tag_layers(graph: JointGraph, op_layer: dict[str, int]) -> dict[str, int | None]:
-    """Tag target -> its layer, or None when ops outside one layer carry it."""
-    seen: dict[str, set] = {}
-    for op in graph.forward_ops:
-        for target in op.tag_units:
-            seen.setdefault(target, set()).add(op_layer.get(op.name))
-    return {t: (layers.pop() if len(layers) == 1 else None) for t, layers in seen.items()}
-
-
-def find_layers(graph: JointGraph, *, min_layers: int = 3) -> _Layers:
-    """Finds the repeated layers of `graph` (forward and backward blocks), or raises `DeepenError`."""
-    forward = find_repeated_blocks(graph, min_count=min_layers)
-    backward = find_periodic_run(op_signature_codes(graph, graph.backward_ops), min_count=min_layers)
-    if forward is None or backward is None:
-        side = "forward" if forward is None else "backward"
-        n_ops = len(graph.forward_ops if forward is None else graph.backward_ops)
-        raise DeepenError(
-            f"no block of the {n_ops} {side} ops repeats {min_layers} or more times: trace at least {min_layers} "
-            "layers, or the whole depth when fusion regions span several layers"
-        )
-    op_layer = {op.name: forward.block_of(op.index) for op in graph.forward_ops if forward.block_of(op.index) is not None}
-    backward_layers = _backward_layers(graph, op_layer, backward)
-    for op in graph.backward_ops:
-        block = backward.block_of(op.index)
-        if block is not None:
-            op_layer[op.name] = backward_layers[block]
-    tensor_layer = _input_layers(graph, op_layer)
-    for op in graph.ops:
-        if op.name in op_layer:
-            written = [*op.outputs, *(out for member in op.members for out in member.outputs)]
-            tensor_layer.update(dict.fromkeys(written, op_layer[op.name]))
-    return _Layers(graph, forward, backward, backward_layers, op_layer, tensor_layer, _tag_layers(graph, op_layer))
 
 
 class _Renamer:
@@ -137,7 +40,7 @@ class _Renamer:
     ``f"{name}@L{layer}"``, and traced layers above T move up by k, keeping their names.
     """
 
-    def __init__(self, layers: _Layers, template: int, extra_layers: int):
+    def __init__(self, layers: Layers, template: int, extra_layers: int):
         self.layers, self.template, self.extra = layers, template, extra_layers
         self.separator = _free_separator([*layers.graph.tensors, *layers.tag_layer])
         self._to_template: dict[int, dict[str, str]] = {}
@@ -224,7 +127,7 @@ def _pair_tensors(pairs: dict[str, str], op: OpNode, twin: OpNode, tensor_layer:
                 raise DeepenError(f"{x} pairs with both {pairs[x]} and {y}")
 
 
-def _choose_template(layers: _Layers) -> int:
+def _choose_template(layers: Layers) -> int:
     """The first layer with both neighbours repeated whose tensors nothing outside the layers reads."""
     read_from_outside = {
         layers.tensor_layer.get(name) for op in layers.graph.ops if op.name not in layers.op_layer for name in op.inputs
@@ -270,7 +173,7 @@ class _OpWriter:
                 self.write(op, template, extended)
 
 
-def _extended_ops(layers: _Layers, renamer: _Renamer) -> tuple[OpNode, ...]:
+def _extended_ops(layers: Layers, renamer: _Renamer) -> tuple[OpNode, ...]:
     """Forward: copies after the template's block, ascending; backward: before it, descending."""
     template, extra = renamer.template, renamer.extra
     copies_up = range(template + 1, template + extra + 1)
@@ -287,7 +190,7 @@ def _extended_ops(layers: _Layers, renamer: _Renamer) -> tuple[OpNode, ...]:
     return (*writer.ops[False], *writer.ops[True])
 
 
-def _with_copies(names, layers: _Layers, renamer: _Renamer, copy) -> list:
+def _with_copies(names, layers: Layers, renamer: _Renamer, copy) -> list:
     """`names` with, after each template-layer entry, its copies (`copy(entry, extended_layer)`)."""
     out = []
     for entry in names:
@@ -298,7 +201,7 @@ def _with_copies(names, layers: _Layers, renamer: _Renamer, copy) -> list:
     return out
 
 
-def _extended_tensors(layers: _Layers, renamer: _Renamer) -> dict:
+def _extended_tensors(layers: Layers, renamer: _Renamer) -> dict:
     def storage_of(tensor, layer, extended):
         return renamer.resolve(tensor.storage, layer, extended)
 
@@ -334,7 +237,10 @@ def extend_layers(
         raise ValueError(f"extra_layers must not be negative, got {extra_layers}")
     if extra_layers == 0:
         return graph
-    layers = find_layers(graph, min_layers=min_layers)
+    try:
+        layers = find_layers(graph, min_layers=min_layers)
+    except LayerError as e:
+        raise DeepenError(str(e)) from e
     if traced_layers is not None and layers.forward.count != traced_layers:
         raise DeepenError(f"found {layers.forward.count} repeated layers in a trace of {traced_layers}; trace every layer")
     template = _choose_template(layers)
@@ -361,134 +267,3 @@ def extend_layers(
             f"(layer {template} repeated {extra_layers} more times)",
         ),
     )
-
-
-class _Matcher:
-    """Binds names of graph `a` to names of graph `b` as ops are walked in step; records conflicts."""
-
-    def __init__(self):
-        self.names: dict[str, str] = {}
-        self.tags: dict[str, str] = {}
-        self.diffs: list[str] = []
-
-    def bind(self, table: dict[str, str], x: str, y: str, where: str) -> None:
-        if table.setdefault(x, y) != y:
-            self.diffs.append(f"{where}: {x} maps to {table[x]} and to {y}")
-
-    def ops(self, a: OpNode, b: OpNode) -> None:
-        def key(op):
-            return (op_kind(op), op.is_backward, repr(op.attrs), op.op_tags, len(op.inputs), len(op.outputs))
-
-        if key(a) != key(b):
-            self.diffs.append(f"{a.name} ({a.symbol}) differs from {b.name} ({b.symbol})")
-            return
-        for x, y in [*zip(a.inputs, b.inputs), *zip(a.outputs, b.outputs)]:
-            self.bind(self.names, x, y, a.name)
-        for x, y in zip(a.tag_units, b.tag_units):
-            self.bind(self.tags, x, y, a.name)
-        for m, n in zip(a.members, b.members):
-            self.ops(m, n)
-
-
-def _tensor_differences(a: JointGraph, b: JointGraph, names: dict[str, str]) -> list[str]:
-    diffs = []
-    for x, y in names.items():
-        s, t = a.tensors[x], b.tensors[y]
-        if (s.shape, s.dtype, s.nbytes, s.kind, s.storage_bytes) != (t.shape, t.dtype, t.nbytes, t.kind, t.storage_bytes):
-            diffs.append(f"tensor {x} {s.shape} {s.dtype} {s.kind} differs from {y} {t.shape} {t.dtype} {t.kind}")
-        elif names.get(s.storage, s.storage) != t.storage:
-            diffs.append(f"storage of {x} is {s.storage}, of {y} is {t.storage}")
-    return diffs
-
-
-def _saved_differences(a: JointGraph, b: JointGraph, m: _Matcher) -> list[str]:
-    diffs = []
-    mapped = {m.names.get(n, n) for n in a.saved_names}
-    if mapped != set(b.saved_names):
-        diffs.append(f"saved sets differ: {len(mapped - set(b.saved_names))} only in a, {len(set(b.saved_names) - mapped)} only in b")
-    b_saved = {s.name: s for s in b.saved}
-    for s in a.saved:
-        t = b_saved.get(m.names.get(s.name, s.name))
-        if t is None:
-            continue
-        target = m.tags.get(s.tag_target, s.tag_target) if s.tag_target else None
-        if (s.taggable, s.reason, s.origin_symbol) != (t.taggable, t.reason, t.origin_symbol) or (
-            t.tag_target and target != t.tag_target
-        ):
-            diffs.append(f"origin of saved {s.name} ({s.reason}, {s.tag_target}) differs from {t.name} ({t.reason}, {t.tag_target})")
-    return diffs
-
-
-def structural_differences(a: JointGraph, b: JointGraph, *, limit: int = 10) -> list[str]:
-    """How `a` and `b` differ up to a renaming of tensors and tag targets (empty: the same graph).
-
-    Walks both op lists in step, binding names on first sight; then compares every bound tensor
-    (shape, dtype, kind, storage), the saved sets and their origins, inputs and outputs.
-    """
-    for side in ("forward_ops", "backward_ops"):
-        if len(getattr(a, side)) != len(getattr(b, side)):
-            return [f"{side}: {len(getattr(a, side))} vs {len(getattr(b, side))}"]
-    m = _Matcher()
-    for x, y in zip(a.ops, b.ops):
-        m.ops(x, y)
-    diffs = m.diffs + _tensor_differences(a, b, m.names) + _saved_differences(a, b, m)
-    for side in ("input_names", "forward_output_names"):
-        if len(getattr(a, side)) != len(getattr(b, side)):
-            diffs.append(f"{side}: {len(getattr(a, side))} vs {len(getattr(b, side))}")
-    return diffs[:limit]
-
-
-DEFAULT_TRACED_LAYERS = 4
-
-
-def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors: str = "fused-sdpa") -> JointGraph:
-    """The joint graph of `spec` (a `remat_opt.models.ModelSpec` of a litgpt config) at full depth.
-
-    Traces `min(depth, traced_layers)` layers and extends the graph to the spec's depth (its
-    `n_layer`, else the config's); `traced_layers=0` traces every layer.
-    """
-    from remat_opt.cli import executors_for
-    from remat_opt.extract import analyze
-    from remat_opt.models import build_model, litgpt_config
-
-    if traced_layers < 0 or traced_layers in (1, 2):
-        raise ValueError(f"traced_layers must be 0 (all) or at least 3, got {traced_layers}")
-    depth = litgpt_config(spec)[0].n_layer
-    traced = depth if traced_layers == 0 else min(depth, traced_layers)
-    start_s = time.perf_counter()
-    model, inputs = build_model(replace(spec, n_layer=traced))
-    graph = analyze(model, *inputs, executors=executors_for(executors))
-    if traced == depth:
-        return graph
-    graph = extend_layers(graph, depth - traced, traced_layers=traced)
-    note = f"{spec.name}: traced {traced} of {depth} layers in {time.perf_counter() - start_s:.1f} s"
-    return replace(graph, notes=(*graph.notes, note))
-
-
-def analyze_model(
-    name: str,
-    *,
-    seq: int,
-    batch: int = 1,
-    dtype: str = "bfloat16",
-    n_layer: int | None = None,
-    traced_layers: int = DEFAULT_TRACED_LAYERS,
-    executors: str = "fused-sdpa",
-    tiny: bool = False,
-) -> JointGraph:
-    """The joint graph of a litgpt config at full depth, traced on meta with `traced_layers` layers.
-
-    Args:
-        name: litgpt config name, e.g. ``"Llama-2-7b-hf"``.
-        seq: sequence length.
-        batch: micro-batch size.
-        dtype: ``"bfloat16"``, ``"float32"`` or ``"float16"``.
-        n_layer: depth to plan for (default: the config's).
-        traced_layers: layers actually traced (0: all; shallower models are traced whole).
-        executors: ``"fused-sdpa"``, ``"default"`` or ``"torch-compile"`` (see `remat-opt inspect`).
-        tiny: shrink the config's width (tests).
-    """
-    from remat_opt.models import ModelSpec
-
-    spec = ModelSpec(name=name, n_layer=n_layer, seq=seq, batch=batch, dtype=dtype, device="meta", tiny=tiny)
-    return analyze_spec(spec, traced_layers=traced_layers, executors=executors)

@@ -190,29 +190,3 @@ class JointGraph:
     def saved_activation_bytes(self) -> int:
         """Distinct storage bytes saved for backward that are not inputs or parameters."""
         return self.storage_bytes(n for n in self.saved_names if not self.is_input_storage(n))
-
-    def plan(self, *, budget_gb=None, activation_budget_gb=None, solver="auto", device=None, cost_table=None,
-             time_limit_s=10.0):
-        """Plans this graph offline, as `CostRemat` with the same options would (see its docstring).
-
-        Returns:
-            The checked `remat_opt.plan.RematPlan`.
-        """
-        from remat_opt.planning import PlanRequest, plan_graph
-
-        request = PlanRequest.from_gb(budget_gb=budget_gb, activation_budget_gb=activation_budget_gb,
-                                      solver=solver, device=device, cost_table=cost_table, time_limit_s=time_limit_s)
-        return plan_graph(self, request).plan
-
-    def pareto(self, n_points: int = 8, *, device=None, cost_table=None, budget: str = "saved"):
-        """(peak bytes, saved bytes, extra time) points from the least memory to save-all.
-
-        Args:
-            n_points: how many budgets to solve for.
-            device: device spec name to cost for (see `CostRemat`).
-            cost_table: measured cost table (path or `CostTable`).
-            budget: sweep the saved-bytes budget (``"saved"``) or the peak budget (``"peak"``).
-        """
-        from remat_opt.planning import PlanRequest, pareto_front
-
-        return pareto_front(self, PlanRequest.create(device=device, cost_table=cost_table), n_points, budget)

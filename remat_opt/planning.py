@@ -1,25 +1,47 @@
 """From a `JointGraph` and a request (budgets, solver, costs) to a checked `RematPlan`.
 
-The one place that joins the cost model and the solvers; `CostRemat` calls it at compile time and
-`remat_opt.analyze(...).plan()` calls it offline. No Thunder imports.
+The one place that joins the cost model and the solvers. Offline, users call `plan_graph` and
+`pareto_curve` on the graph of `remat_opt.analyze`; `CostRemat` calls `plan_step` at compile time.
+No Thunder imports.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from costmodels.api import CostModel
 from costmodels.table import CostTable, load_table
-
+from remat_opt.costing import CostModel
+from remat_opt.errors import GB, InfeasibleBudgetError
 from remat_opt.graph import JointGraph
 from remat_opt.plan import RematPlan
 from remat_opt.problem import RecomputeProblem
-from remat_opt.solvers import SOLVERS, BaselineOptions, ILPOptions, MinCutOptions, minimum_saved_bytes, pareto
+from remat_opt.solvers import SOLVERS, BaselineOptions, ILPOptions, MinCutOptions, ParetoPoint, minimum_saved_bytes
+from remat_opt.solvers import pareto_front as solve_pareto_front
 
 SOLVER_CHOICES = ("auto", *SOLVERS)
-GB = 10**9  # budgets are in decimal gigabytes, as torch.cuda memory reports and litgpt print them
+MAX_BUDGET_GB = 1e6  # a petabyte: larger budgets are typos (and overflow the solver's integers)
+
+
+def budget_bytes_of(option: str, value_gb) -> int | None:
+    """`value_gb` (GB, None: no budget) in bytes, after checking it is a finite number >= 0.
+
+    Raises:
+        TypeError: not a number (a string, a bool).
+        ValueError: negative, NaN, infinite, or above `MAX_BUDGET_GB`.
+    """
+    if value_gb is None:
+        return None
+    if isinstance(value_gb, bool) or not isinstance(value_gb, numbers.Real):
+        raise TypeError(f"{option} must be a number of GB, got {type(value_gb).__name__} {value_gb!r:.40}")
+    if not math.isfinite(value_gb) or value_gb < 0:
+        raise ValueError(f"{option} must be a finite number of GB >= 0, got {value_gb}; omit it for no budget")
+    if value_gb > MAX_BUDGET_GB:
+        raise ValueError(f"{option}={value_gb:g} GB is above any device ({MAX_BUDGET_GB:g} GB); omit it for no budget")
+    return round(value_gb * GB)
 
 
 @dataclass(frozen=True)
@@ -31,7 +53,7 @@ class PlanRequest:
         activation_budget_bytes: bound on saved-for-backward bytes (inputs excluded).
         solver: a key of `SOLVERS`, or ``"auto"`` (ILP).
         table: measured cost table, or None.
-        device: device spec name, or None (the table's, else the graph's device).
+        device_spec: device spec name to cost for, or None (the table's, else the graph's device).
         time_limit_s: solver time limit.
     """
 
@@ -39,21 +61,21 @@ class PlanRequest:
     activation_budget_bytes: int | None = None
     solver: str = "auto"
     table: CostTable | None = None
-    device: str | None = None
+    device_spec: str | None = None
     time_limit_s: float = 10.0
 
     @classmethod
     def from_gb(cls, *, budget_gb=None, activation_budget_gb=None, **kwargs) -> PlanRequest:
-        """`create` with budgets in GB (10**9 bytes), as `CostRemat` and `JointGraph.plan` take them."""
+        """`create` with budgets in GB (10**9 bytes), as `CostRemat` and `plan_graph` take them."""
         return cls.create(
-            peak_budget_bytes=None if budget_gb is None else round(budget_gb * GB),
-            activation_budget_bytes=None if activation_budget_gb is None else round(activation_budget_gb * GB),
+            peak_budget_bytes=budget_bytes_of("budget_gb", budget_gb),
+            activation_budget_bytes=budget_bytes_of("activation_budget_gb", activation_budget_gb),
             **kwargs,
         )
 
     @classmethod
     def create(cls, *, cost_table=None, **kwargs) -> PlanRequest:
-        """Builds a request, checking every option; `cost_table` may be a path."""
+        """Builds a request, checking every option; `cost_table` may be a path or a `CostTable`."""
         for name in ("peak_budget_bytes", "activation_budget_bytes"):
             value = kwargs.get(name)
             if value is not None and value < 0:
@@ -61,10 +83,11 @@ class PlanRequest:
         solver = kwargs.get("solver", "auto")
         if solver not in SOLVER_CHOICES:
             raise ValueError(f"unknown solver {solver!r}; use one of {', '.join(SOLVER_CHOICES)}")
-        if kwargs.get("time_limit_s", 10.0) <= 0:
-            raise ValueError(f"time_limit_s must be positive, got {kwargs['time_limit_s']}")
-        table = load_table(Path(cost_table)) if isinstance(cost_table, (str, Path)) else cost_table
-        return cls(table=table, **kwargs)
+        time_limit_s = kwargs.get("time_limit_s", 10.0)
+        if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, numbers.Real) or not time_limit_s > 0 \
+                or not math.isfinite(time_limit_s):
+            raise ValueError(f"time_limit_s must be a positive number of seconds, got {time_limit_s!r}")
+        return cls(table=_cost_table(cost_table), **kwargs)
 
     def describe(self) -> str:
         parts = []
@@ -73,9 +96,18 @@ class PlanRequest:
         if self.activation_budget_bytes is not None:
             parts.append(f"activation_budget_gb={self.activation_budget_bytes / 1e9:g}")
         parts.append(f"solver={self.solver!r}")
-        if self.device:
-            parts.append(f"device={self.device!r}")
+        if self.device_spec:
+            parts.append(f"device_spec={self.device_spec!r}")
         return ", ".join(parts)
+
+
+def _cost_table(cost_table) -> CostTable | None:
+    if cost_table is None or isinstance(cost_table, CostTable):
+        return cost_table
+    if isinstance(cost_table, (str, Path)):
+        return load_table(Path(cost_table))
+    raise TypeError(f"cost_table must be a path to a table from `remat-opt profile` or a CostTable, "
+                    f"got {type(cost_table).__name__}")
 
 
 @dataclass(frozen=True)
@@ -118,28 +150,80 @@ def _zero_time_plan(graph: JointGraph, costs: CostModel, request: PlanRequest) -
     return SOLVERS["ilp"](problem, budget_bytes=floor_bytes, options=options)
 
 
-def plan_graph(graph: JointGraph, request: PlanRequest) -> PlannedStep:
-    """Costs `graph`, solves under the request's budgets, and returns the checked plan."""
+def plan_step(graph: JointGraph, request: PlanRequest) -> PlannedStep:
+    """Costs `graph`, solves under the request's budgets, and returns the checked plan.
+
+    Raises:
+        InfeasibleBudgetError: no plan meets the budget; the message speaks in GB.
+    """
     start_s = time.perf_counter()
-    costs = CostModel(graph, device=request.device, table=request.table)
+    costs = CostModel(graph, device=request.device_spec, table=request.table)
     problem = RecomputeProblem.from_graph(graph, forward_op_times_s(costs, graph))
     if request.peak_budget_bytes is None and request.activation_budget_bytes is None:
         plan = _zero_time_plan(graph, costs, request)
+    elif request.solver not in SOLVERS and request.solver != "auto":
+        raise ValueError(f"unknown solver {request.solver!r}; use one of {', '.join(SOLVER_CHOICES)}")
     else:
         solver = SOLVERS["ilp" if request.solver == "auto" else request.solver]
-        plan = solver(
-            problem,
-            budget_bytes=request.activation_budget_bytes,
-            peak_budget_bytes=request.peak_budget_bytes,
-            options=_solver_options(request),
-        )
+        try:
+            plan = solver(
+                problem,
+                budget_bytes=request.activation_budget_bytes,
+                peak_budget_bytes=request.peak_budget_bytes,
+                options=_solver_options(request),
+            )
+        except InfeasibleBudgetError as e:
+            raise e.to_gb() from e
     note = f"planned in {time.perf_counter() - start_s:.2f} s"
     return PlannedStep(graph=graph, problem=problem, plan=plan, costs=costs, request=request, notes=(note,))
 
 
-def pareto_front(graph: JointGraph, request: PlanRequest, n_points: int, budget: str = "saved"):
+def plan_graph(graph: JointGraph, *, budget_gb: float | None = None, activation_budget_gb: float | None = None,
+               solver: str = "auto", device_spec: str | None = None, cost_table=None,
+               time_limit_s: float = 10.0) -> RematPlan:
+    """Plans `graph` offline, as `CostRemat` with the same options would at compile time.
+
+    Args:
+        graph: a joint graph (`remat_opt.analyze`, `remat_opt.analyze_model`).
+        budget_gb: bound on the predicted peak of one training step, GB (10**9 bytes).
+        activation_budget_gb: bound on the bytes saved for backward (inputs excluded), GB.
+        solver: ``"auto"`` (ILP), ``"ilp"``, ``"mincut"``, ``"save_all"`` or ``"recompute_all"``.
+        device_spec: spec sheet to cost for (``"H100"``, ``"H200"``, ``"A100-80GB"``, ``"L40S"``,
+            ``"cpu"``); default: the cost table's device, else the graph's (a CPU graph).
+        cost_table: measured cost table (path or `costmodels.table.CostTable`).
+        time_limit_s: solver time limit.
+
+    Returns:
+        The checked `RematPlan` (``print(plan.summary())``).
+
+    Raises:
+        InfeasibleBudgetError: the budget is below the least memory of any plan (named in GB).
+    """
+    request = PlanRequest.from_gb(budget_gb=budget_gb, activation_budget_gb=activation_budget_gb, solver=solver,
+                                  device_spec=device_spec, cost_table=cost_table, time_limit_s=time_limit_s)
+    return plan_step(graph, request).plan
+
+
+def pareto_points(graph: JointGraph, request: PlanRequest, n_points: int, budget: str = "saved") -> list[ParetoPoint]:
     """Pareto points of `graph` costed as `request` says (see `remat_opt.solvers.pareto`)."""
-    if n_points < 2:
-        raise ValueError(f"n_points must be at least 2 (least memory and save-all), got {n_points}")
-    costs = CostModel(graph, device=request.device, table=request.table)
-    return pareto(graph, forward_op_times_s(costs, graph), n_points, budget=budget)
+    if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 2:
+        raise ValueError(f"n_points must be an integer >= 2 (least memory and save-all), got {n_points!r}")
+    costs = CostModel(graph, device=request.device_spec, table=request.table)
+    return solve_pareto_front(graph, forward_op_times_s(costs, graph), n_points, budget=budget)
+
+
+def pareto_curve(graph: JointGraph, n_points: int = 8, *, budget: str = "saved", device_spec: str | None = None,
+                 cost_table=None) -> list[ParetoPoint]:
+    """Plans at `n_points` budgets from the least memory to save-all: memory against extra time.
+
+    Args:
+        graph: a joint graph (`remat_opt.analyze`, `remat_opt.analyze_model`).
+        n_points: how many budgets (at least 2).
+        budget: sweep the saved-bytes budget (``"saved"``) or the step-peak budget (``"peak"``).
+        device_spec: spec sheet to cost for (see `plan_graph`).
+        cost_table: measured cost table (path or `CostTable`).
+
+    Returns:
+        `ParetoPoint`s (budget, peak and saved bytes, extra seconds, plan), smallest budget first.
+    """
+    return pareto_points(graph, PlanRequest.create(device_spec=device_spec, cost_table=cost_table), n_points, budget)

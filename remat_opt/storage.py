@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import torch
 from torch.overrides import TorchFunctionMode
-from thunder.core import dtypes
-from thunder.core.proxies import TensorProxy
-from thunder.core.symbol import BoundSymbol
 
-from remat_opt.graph import TensorNode
+from remat_opt import _compat  # noqa: F401  (before thunder)
+from thunder.core import dtypes  # noqa: E402
+from thunder.core.proxies import TensorProxy  # noqa: E402
+from thunder.core.symbol import BoundSymbol  # noqa: E402
+
+from remat_opt.graph import TensorNode  # noqa: E402
 
 
 def _torch_dtype(proxy: TensorProxy) -> torch.dtype:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from costmodels.api import CostModel
+from remat_opt.costing import CostModel
 from costmodels.formulas import SDPA_FORMS
 from remat_opt.graph import REASON_AUXILIARY, JointGraph, OpNode
 from remat_opt.plan import RematPlan
@@ -33,7 +33,7 @@ from remat_opt.solvers import (
     solve_ilp,
 )
 from remat_opt.solvers.pareto import sweep_budgets, sweep_points
-from remat_opt.solvers.blocks import find_repeated_blocks
+from remat_opt.layers import find_repeated_blocks, forward_layer_labels
 
 GB = 10**9
 
@@ -118,7 +118,7 @@ class Sweep:
 
 
 def peak_sweep(costed: CostedGraph, n_points: int = 8, *, label: str = "") -> Sweep:
-    """Solves the ILP at `n_points` peak budgets (what `JointGraph.pareto(budget="peak")` does).
+    """Solves the ILP at `n_points` peak budgets (what `remat_opt.pareto_curve(graph, budget="peak")` does).
 
     A budget the solver finds no plan for is reported in `Sweep.unsolved` instead of raising, so
     one hard budget does not lose the rest of the curve.
@@ -303,22 +303,6 @@ def sdpa_case_rows(case: SdpaCase) -> list[dict[str, str]]:
 # --------------------------------------------------------------------------------------------
 
 
-def layer_of_op(graph: JointGraph) -> dict[str, str]:
-    """Forward op name -> ``"layer k"`` (the k-th repeated block), ``"before"`` or ``"after"``.
-
-    Layers are `find_repeated_blocks`' periodic run; a graph without one is all ``"before"``.
-    """
-    blocks = find_repeated_blocks(graph)
-    labels = {}
-    for op in graph.forward_ops:
-        block = blocks.block_of(op.index) if blocks is not None else None
-        if block is not None:
-            labels[op.name] = f"layer {block}"
-        else:
-            labels[op.name] = "before" if blocks is None or op.index < blocks.start else "after"
-    return labels
-
-
 def _saved_bytes_by(graph: JointGraph, saved_names, key_of_op, order: Sequence[str] = ()) -> dict[str, int]:
     totals: dict[str, int] = dict.fromkeys(order, 0)
     for storage, op in saved_storage_owners(graph, saved_names).items():
@@ -338,7 +322,7 @@ def saved_bytes_by_layer(graph: JointGraph, saved_names: Iterable[str] | None = 
         ``{"before": ..., "layer 0": ..., ..., "after": ...}`` in model order, summing to the
         plan's saved bytes.
     """
-    layers = layer_of_op(graph)
+    layers = forward_layer_labels(graph)
     order = list(dict.fromkeys(layers[op.name] for op in graph.forward_ops))
     return _saved_bytes_by(graph, saved_names, lambda op: layers[op.name], order)
 
@@ -384,7 +368,7 @@ class BudgetOutcome:
 
 
 def plan_at_peak_gb(costed: CostedGraph, budget_gb: float) -> RematPlan:
-    """The ILP plan under a step-peak budget (as `JointGraph.plan(budget_gb=..., device=...)`).
+    """The ILP plan under a step-peak budget (as `remat_opt.plan_graph(graph, budget_gb=..., device_spec=...)`).
 
     Raises:
         InfeasibleBudgetError: the budget is below the smallest feasible peak (the message says it).
@@ -539,7 +523,7 @@ def write_llama2_7b_h100_png(png_path: str | Path, *, sweep: Sweep | None = None
     from remat_opt.curves import plot_curve
 
     if sweep is None:
-        from remat_opt.deepen import analyze_model
+        from remat_opt.model_graphs import analyze_model
 
         graph = analyze_model("Llama-2-7b-hf", seq=4096, batch=1, dtype="bfloat16")
         sweep = peak_sweep(cost_graph(graph, "H100"), n_points, label="H100")

@@ -1,6 +1,6 @@
-"""Shared fixtures. `remat_opt` is imported first so that thunder imports on torch 2.13."""
+"""Shared fixtures. The torch compatibility step runs first so that thunder imports on torch 2.13."""
 
-import remat_opt  # noqa: F401
+from remat_opt import _compat  # noqa: F401
 
 import pytest
 
@@ -11,7 +11,7 @@ FAMILIES = ("Llama-2-7b-hf", "Llama-3-8B", "gemma-2b", "phi-2", "pythia-14m")
 def executor_list(kind: str):
     """`"default"`: Thunder's executors (SDPA decomposed on CPU); `"fused"`: with the CPU fused SDPA;
     `"torch-compile"`: also Thunder's torch.compile executor (TorchCompileN fusion regions on CPU)."""
-    from remat_opt.cli import EXECUTOR_CHOICES, executors_for
+    from remat_opt.executors import EXECUTOR_CHOICES, executors_for
 
     choice = {"fused": "fused-sdpa"}.get(kind, kind)
     assert choice in EXECUTOR_CHOICES, kind

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-import remat_opt  # noqa: F401  (before anything imports thunder)
+from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
 
 import pytest
 import torch
@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from remat_opt.graph import JointGraph, OpNode, TensorNode
 
 from costmodels import formulas
-from costmodels.api import CostModel, coverage_report
+from remat_opt.costing import CostModel, coverage_report
 from costmodels.devices import GPU_SPECS, NOMINAL_CPU, get_device_spec, roofline_time_s, with_tf32
 from costmodels.formulas import OpArgs, OpCost, TensorMeta, causal_fraction, formula_cost, register_cost
 from costmodels.table import CostTable, TableEntry, op_key
@@ -338,7 +338,7 @@ def test_cost_model_uses_formulas_without_a_table(tiny_graph):
 
 
 def test_cost_model_prefers_measured_entries(tiny_graph):
-    from costmodels.api import op_args
+    from remat_opt.costing import op_args
 
     key = op_key(op_args(tiny_graph, tiny_graph.ops[0]))
     table = CostTable(
@@ -366,7 +366,7 @@ def test_a_cpu_table_cannot_price_a_gpu(tiny_graph):
 
 
 def test_spearman_ranks_with_ties():
-    from costmodels.report import spearman
+    from remat_opt.cost_report import spearman
 
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)

@@ -8,7 +8,8 @@ One Thunder analysis per (family, executors), shared by the tests through a modu
 
 from __future__ import annotations
 
-import remat_opt  # noqa: F401  (before thunder)
+import remat_opt
+from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
 
 import math
 
@@ -19,8 +20,8 @@ from remat_opt.examples import block
 from remat_opt.extract import analyze
 from remat_opt.models import ModelSpec, build_model
 
-from costmodels.api import CostModel, coverage_report
-from costmodels.profiler import replay
+from remat_opt.costing import CostModel, coverage_report
+from remat_opt.profiling import replay
 
 LITGPT_FAMILIES = ("Llama-2-7b-hf", "Llama-3-8B", "gemma-2b", "phi-2", "pythia-14m", "Mistral-7B-v0.1")
 FAMILIES = (*LITGPT_FAMILIES, "block")

@@ -17,7 +17,7 @@ import pytest
 
 from remat_opt.graph import JointGraph, OpNode, TensorNode
 
-from costmodels.api import CostModel, coverage_report, op_args
+from remat_opt.costing import CostModel, coverage_report, op_args
 from costmodels.devices import get_device_spec, roofline_time_s
 from costmodels.formulas import ITEMSIZE, causal_fraction, formula_cost, sdpa_flops
 from costmodels.runners import skip_reason

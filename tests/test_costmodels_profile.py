@@ -6,7 +6,8 @@ No assertion here is about speed (measured figures are printed by
 
 from __future__ import annotations
 
-import remat_opt  # noqa: F401  (before thunder)
+import remat_opt
+from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
 
 import math
 
@@ -19,10 +20,12 @@ from remat_opt.examples import block
 from remat_opt.extract import analyze
 from remat_opt.models import ModelSpec, build_model
 
-from costmodels.api import CostModel, coverage_report, op_args
+from remat_opt.costing import CostModel, coverage_report, op_args
 from costmodels.formulas import formula_cost
-from costmodels.profiler import ProfileOptions, main, profile_graph, replay
-from costmodels.report import compare, format_comparison
+from costmodels.timing import ProfileOptions
+from remat_opt.cli import main
+from remat_opt.profiling import profile_graph, replay
+from remat_opt.cost_report import compare, format_comparison
 from costmodels.table import load_table, op_key, save_table
 
 QUICK = ProfileOptions(warmup=1, repeats=2, min_time_s=0.0)
@@ -126,14 +129,14 @@ def test_profile_command_writes_and_reports(tmp_path, capsys):
     output = tmp_path / "block.json"
     argv = ["remat_opt.examples:block", "--output", str(output), "--report", "--warmup", "1", "--repeats", "2",
             "--no-progress"]  # fmt: skip
-    assert main(argv) == 0
+    assert main(["profile", *argv]) == 0
     printed = capsys.readouterr().out
     assert f"wrote {output}" in printed and "Spearman rank correlation" in printed
     assert math.isfinite(load_table(output).entries[next(iter(load_table(output).entries))].time_s)
 
 
 def test_profile_command_refuses_meta(capsys):
-    assert main(["Llama-2-7b-hf", "--tiny", "--device", "meta"]) == 2
+    assert main(["profile", "Llama-2-7b-hf", "--tiny", "--device", "meta"]) == 2
     assert "cannot time ops" in capsys.readouterr().err
 
 

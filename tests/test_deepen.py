@@ -4,10 +4,14 @@ import dataclasses
 
 import pytest
 
-from remat_opt.deepen import DeepenError, analyze_model, extend_layers, find_layers, structural_differences
+import remat_opt
+from remat_opt.deepen import DeepenError, extend_layers
+from remat_opt.graph_diff import structural_differences
+from remat_opt.layers import find_layers
+from remat_opt.model_graphs import analyze_model
 from remat_opt.plan import simulate_peak_bytes
 from remat_opt.solvers import ILPOptions
-from remat_opt.solvers.synthetic import chain_graph, stacked_blocks_graph
+from synthetic import chain_graph, stacked_blocks_graph
 
 CASES = {
     "llama2-fused-sdpa": ("Llama-2-7b-hf", "fused-sdpa"),
@@ -38,7 +42,7 @@ def test_extended_graph_predicts_the_direct_traces_memory(extended_and_direct):
 
 def test_extended_graph_plans_like_the_direct_trace(extended_and_direct):
     extended, direct = extended_and_direct
-    points = [graph.pareto(4, device="H100") for graph in (extended, direct)]
+    points = [remat_opt.pareto_curve(graph, 4, device_spec="H100") for graph in (extended, direct)]
     # The ILP prices ops in quanta of time_quantum_s: equally optimal plans may differ by that per op.
     resolution_s = ILPOptions().time_quantum_s * len(direct.forward_ops)
     for a, b in zip(*points):
@@ -89,7 +93,7 @@ def test_no_extra_layers_returns_the_graph():
 
 
 def test_peak_sweep_over_tied_layers_plans_every_budget(extended_and_direct):
-    points = extended_and_direct[0].pareto(6, device="H100", budget="peak")
+    points = remat_opt.pareto_curve(extended_and_direct[0], 6, device_spec="H100", budget="peak")
     assert [p.peak_bytes <= p.budget_bytes for p in points] == [True] * len(points)
     assert all(p.plan.status in ("optimal", "feasible") for p in points[1:]), [p.plan.status for p in points]
     assert [p.extra_time_s for p in points] == sorted((p.extra_time_s for p in points), reverse=True)

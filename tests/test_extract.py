@@ -11,6 +11,7 @@ import torch
 from conftest import FAMILIES, executor_list
 from thunder.core.proxies import TensorProxy
 
+import remat_opt
 from remat_opt import graph as g
 from remat_opt.examples import block
 from remat_opt.extract import GraphCapture, _Origin, analyze
@@ -200,11 +201,11 @@ def test_analyze_reports_a_failing_forward_in_one_line():
 def test_offline_plan_and_pareto_on_the_graph():
     graph = compiled("Llama-2-7b-hf", "fused")[0].graph
     half = graph.saved_activation_bytes // 2
-    plan = graph.plan(activation_budget_gb=half / 1e9, device="cpu")
+    plan = remat_opt.plan_graph(graph, activation_budget_gb=half / 1e9, device_spec="cpu")
     assert plan.saved_bytes <= half and plan.recomputed_tag_targets
-    points = graph.pareto(4, device="cpu")
+    points = remat_opt.pareto_curve(graph, 4, device_spec="cpu")
     assert len(points) == 4
     assert points[-1].saved_bytes == graph.saved_activation_bytes and points[-1].extra_time_s == 0
     assert [p.extra_time_s for p in points] == sorted((p.extra_time_s for p in points), reverse=True)
     with pytest.raises(ValueError, match="n_points must be at least 2"):
-        graph.pareto(1, device="cpu")
+        remat_opt.pareto_curve(graph, 1, device_spec="cpu")

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-import remat_opt  # noqa: F401  (must precede `import thunder`)
+from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
 from remat_opt.measure import (
     PeakMeasurement,
     SavedMeasurement,

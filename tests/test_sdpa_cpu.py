@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import remat_opt  # noqa: F401  (must come before thunder)
+from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
 
 import pytest
 import torch

@@ -3,10 +3,12 @@
 import pytest
 
 from remat_opt.plan import check_plan
-from remat_opt.problem import RecomputeProblem, proxy_op_time_s
+from remat_opt.problem import RecomputeProblem
+from synthetic import proxy_op_time_s
 from remat_opt.solvers import ILPOptions, MinCutOptions, solve_ilp, solve_mincut, solve_save_all
-from remat_opt.solvers.blocks import block_ties, find_repeated_blocks
-from remat_opt.solvers.synthetic import random_joint_graph, stacked_blocks_graph
+from remat_opt.layers import find_repeated_blocks
+from remat_opt.solvers.blocks import block_ties
+from synthetic import random_joint_graph, stacked_blocks_graph
 
 
 @pytest.fixture(scope="module")

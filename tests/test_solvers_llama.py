@@ -3,17 +3,18 @@
 import pytest
 
 from remat_opt.plan import check_plan
-from remat_opt.problem import RecomputeProblem, proxy_op_time_s
+from remat_opt.problem import RecomputeProblem
+from synthetic import proxy_op_time_s
 from remat_opt.solvers import (
     ILPOptions,
     minimum_saved_bytes,
-    pareto,
+    pareto_front,
     solve_ilp,
     solve_mincut,
     solve_recompute_all,
     solve_save_all,
 )
-from remat_opt.solvers.blocks import find_repeated_blocks
+from remat_opt.layers import find_repeated_blocks
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def problem(executors) -> RecomputeProblem:
 
 
 def test_pareto_front_from_the_minimum_to_save_all(problem):
-    points = pareto(problem, n_points=6)
+    points = pareto_front(problem, n_points=6)
     print("\nbudget_bytes saved_bytes peak_bytes extra_time_ms tags")
     for p in points:
         tags = len(p.plan.recomputed_tag_targets)
@@ -42,7 +43,7 @@ def test_pareto_front_from_the_minimum_to_save_all(problem):
 
 
 def test_peak_pareto_front_is_monotone(problem):
-    points = pareto(problem, n_points=4, budget="peak")
+    points = pareto_front(problem, n_points=4, budget="peak")
     for low, high in zip(points, points[1:]):
         assert low.extra_time_s >= high.extra_time_s
     assert all(p.peak_bytes <= p.budget_bytes for p in points)

@@ -9,7 +9,7 @@ import pytest
 
 from remat_opt.plan import check_plan, derive, simulate_step
 from remat_opt.solvers import InfeasibleBudgetError, solve_ilp, solve_mincut
-from remat_opt.solvers.synthetic import random_problem
+from synthetic import random_problem
 
 SEEDS = range(0, 200, 4)
 

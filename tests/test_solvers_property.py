@@ -20,7 +20,7 @@ from remat_opt.solvers import (
     solve_recompute_all,
     solve_save_all,
 )
-from remat_opt.solvers.synthetic import random_joint_graph, random_problem
+from synthetic import random_joint_graph, random_problem
 
 SEEDS = range(200)
 
@@ -103,11 +103,11 @@ def test_time_out_returns_a_checked_plan():
 
 @pytest.mark.parametrize("seed", range(10))
 def test_pareto_never_slower_at_a_larger_budget(seed):
-    from remat_opt.solvers import pareto
+    from remat_opt.solvers import pareto_front
 
     problem = random_problem(seed)
     for budget in ("saved", "peak"):
-        points = pareto(problem, n_points=5, budget=budget)
+        points = pareto_front(problem, n_points=5, budget=budget)
         times = [p.extra_time_s for p in points]
         assert times == sorted(times, reverse=True), (budget, times)
         assert all((p.peak_bytes if budget == "peak" else p.saved_bytes) <= p.budget_bytes for p in points)

@@ -8,11 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from costmodels.api import CostModel
+import remat_opt
+from remat_opt.costing import CostModel
 from remat_opt import whatif
+from remat_opt.layers import forward_layer_labels
 from remat_opt.solvers import InfeasibleBudgetError
 from remat_opt.solvers.pareto import sweep_budgets
-from remat_opt.solvers.synthetic import chain_graph, stacked_blocks_graph
+from synthetic import chain_graph, stacked_blocks_graph
 
 N_LAYER, N_HEAD, SEQ = 3, 4, 32  # tiny_overrides: 4 heads; 3 layers: solved exactly (no ties)
 
@@ -131,9 +133,9 @@ def test_sdpa_recomputed_counts_and_verdict(tiny, h100, sweep):
 
 
 def test_layers_of_a_stack(stack):
-    layers = whatif.layer_of_op(stack)
+    layers = forward_layer_labels(stack)
     assert sorted(set(layers.values())) == ["after", *(f"layer {i}" for i in range(5))]
-    assert set(whatif.layer_of_op(chain_graph(3)).values()) == {"before"}
+    assert set(forward_layer_labels(chain_graph(3)).values()) == {"before"}
 
 
 def test_saved_bytes_by_layer_and_kind_sum_to_saved(stack):
@@ -157,7 +159,7 @@ def test_saved_bytes_of_a_plan(tiny, sweep):
 
 def test_plan_at_peak_gb_is_graph_plan(tiny, h100, sweep):
     budget_gb = sweep.points[1].budget_bytes / whatif.GB
-    plan, reference = whatif.plan_at_peak_gb(h100, budget_gb), tiny.plan(budget_gb=budget_gb, device="H100")
+    plan, reference = whatif.plan_at_peak_gb(h100, budget_gb), remat_opt.plan_graph(tiny, budget_gb=budget_gb, device_spec="H100")
     # CP-SAT may return another optimum among ties: compare the objective and the budget
     assert plan.extra_time_s == pytest.approx(reference.extra_time_s, rel=1e-6)
     assert plan.peak_bytes <= round(budget_gb * whatif.GB) and plan.status == reference.status == "optimal"

@@ -4,15 +4,22 @@
 
 Every plan returned has passed the independent `remat_opt.plan.check_plan`. Pick a solver by
 name through `SOLVERS` (baselines included, so each solver has a reference).
+
+Modules: `baselines` (save-all, recompute-all), `mincut` (networkx min-cut), `ilp_model` (the
+CP-SAT model), `ilp_peak` (refining it against the simulated peak), `ilp_bounds` (least memory of
+any plan), `ilp` (`solve_ilp`), `peak_model` (linear lower bound on the peak), `schedule_rows`,
+`blocks` (ties between repeated layers), `pareto` (budget sweeps).
 """
 
 from __future__ import annotations
 
 from remat_opt.solvers._common import InfeasibleBudgetError, PlanCheckError
 from remat_opt.solvers.baselines import BaselineOptions, solve_recompute_all, solve_save_all
-from remat_opt.solvers.ilp import ILPOptions, PeakMinimum, minimum_peak, minimum_peak_bytes, minimum_saved_bytes, solve_ilp
+from remat_opt.solvers.ilp import solve_ilp
+from remat_opt.solvers.ilp_bounds import PeakMinimum, minimum_peak, minimum_peak_bytes, minimum_saved_bytes
+from remat_opt.solvers.ilp_model import ILPOptions
 from remat_opt.solvers.mincut import MinCutOptions, mincut_sweep, solve_mincut
-from remat_opt.solvers.pareto import ParetoPoint, pareto
+from remat_opt.solvers.pareto import ParetoPoint, pareto_front
 
 SOLVERS = {
     "mincut": solve_mincut,
@@ -34,7 +41,7 @@ __all__ = [
     "minimum_peak",
     "minimum_peak_bytes",
     "minimum_saved_bytes",
-    "pareto",
+    "pareto_front",
     "solve_ilp",
     "solve_mincut",
     "solve_recompute_all",

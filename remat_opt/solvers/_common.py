@@ -1,34 +1,12 @@
-"""What every solver shares: the budget error, the final check, and budget bookkeeping."""
+"""What every solver shares: the final check and budget bookkeeping (errors: `remat_opt.errors`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from remat_opt.errors import InfeasibleBudgetError, PlanCheckError
 from remat_opt.plan import RematPlan, check_plan
 from remat_opt.problem import RecomputeProblem
-
-
-class InfeasibleBudgetError(ValueError):
-    """No plan meets the budget; the message names the smallest feasible budget.
-
-    Attributes:
-        kind: ``"budget_bytes"`` (saved bytes) or ``"peak_budget_bytes"``.
-        budget: the budget asked for.
-        minimum: the smallest budget a plan was found for.
-        lower_bound: a proven lower bound on the smallest feasible budget (equal to `minimum`
-            when it is exact).
-    """
-
-    def __init__(self, kind: str, budget: int, minimum: int, lower_bound: int | None = None, solver: str = ""):
-        self.kind, self.budget, self.minimum = kind, budget, minimum
-        self.lower_bound = minimum if lower_bound is None else lower_bound
-        where = f"{solver}: " if solver else ""
-        exact = "" if self.lower_bound >= minimum else f" (a proven lower bound is {self.lower_bound})"
-        super().__init__(f"{where}{kind}={budget} < minimum feasible {minimum}{exact}")
-
-
-class PlanCheckError(AssertionError):
-    """A solver produced a plan that the independent checker rejects (a solver bug)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,6 @@
-"""Repeated blocks (transformer layers): find them and tie their decisions together.
+"""Ties between repeated blocks (transformer layers): one decision for every copy of a block.
 
-Transformer graphs repeat one block. `find_repeated_blocks` looks for the longest periodic run of
-forward-op signatures (symbol, shapes, dtypes, attributes, tags, taggability); `block_ties` maps
+Transformer graphs repeat one block (`remat_opt.layers.find_repeated_blocks`); `block_ties` maps
 each unit, op, tensor and storage of block m > 0 to its counterpart in block 0. A solver that gives
 tied names one variable solves a problem the size of one block and replicates the decision; tying
 only adds equalities, so every tied solution is a valid plan of the whole graph (and the checker
@@ -13,25 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from remat_opt.graph import JointGraph, OpNode
+from remat_opt.graph import JointGraph
+from remat_opt.layers import RepeatedBlocks, find_repeated_blocks
 from remat_opt.problem import RecomputeProblem
-
-
-@dataclass(frozen=True, slots=True)
-class RepeatedBlocks:
-    """`count` consecutive blocks of `period` forward ops starting at forward op index `start`."""
-
-    start: int
-    period: int
-    count: int
-
-    def block_of(self, index: int) -> int | None:
-        offset = index - self.start
-        if offset < 0 or offset >= self.period * self.count:
-            return None
-        return offset // self.period
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,58 +30,6 @@ class Ties:
     @property
     def tied(self) -> bool:
         return any(self.maps.values())
-
-
-def op_kind(op: OpNode):
-    """An op's symbol; for a fusion region (``TorchCompile7``, ``nvFusion3``), its members' symbols.
-
-    Fusion regions are numbered through the trace, so equal regions in two layers differ by name.
-    """
-    return ("fusion", tuple(op_kind(m) for m in op.members)) if op.members else op.symbol
-
-
-def _signature(graph: JointGraph, op: OpNode) -> tuple:
-    def meta(names):
-        return tuple((graph.tensors[n].shape, graph.tensors[n].dtype) for n in names)
-
-    origins = tuple(
-        (o.taggable, o.reason) if (o := graph.origins.get(n)) is not None else None for n in op.outputs
-    )
-    return (op_kind(op), meta(op.outputs), meta(op.inputs), repr(op.attrs), tuple(sorted(op.op_tags)), origins)
-
-
-def op_signature_codes(graph: JointGraph, ops) -> np.ndarray:
-    """One integer per op; equal codes mean equal signatures (symbol, shapes, dtypes, attributes, tags)."""
-    codes: dict[tuple, int] = {}
-    return np.array([codes.setdefault(_signature(graph, op), len(codes)) for op in ops], dtype=np.int64)
-
-
-def find_periodic_run(codes: np.ndarray, *, min_block_ops: int = 8, min_count: int = 2) -> RepeatedBlocks | None:
-    """The periodic run of `codes` covering the most entries (shortest period on ties), or None."""
-    best, best_cover = None, 0
-    for period in range(min_block_ops, len(codes) // min_count + 1):
-        eq = np.concatenate(([False], codes[:-period] == codes[period:], [False]))
-        edges = np.flatnonzero(np.diff(eq.astype(np.int8)))
-        if len(edges) == 0:
-            continue
-        starts, ends = edges[0::2], edges[1::2]
-        longest = int(np.argmax(ends - starts))
-        count = (int(ends[longest] - starts[longest]) + period) // period
-        if count >= min_count and (count - 1) * period > best_cover:
-            best, best_cover = RepeatedBlocks(int(starts[longest]), period, count), (count - 1) * period
-    return best
-
-
-def find_repeated_blocks(graph: JointGraph, *, min_block_ops: int = 8, min_count: int = 2) -> RepeatedBlocks | None:
-    """The periodic run of forward ops covering the most ops (shortest period on ties), or None.
-
-    Args:
-        graph: the joint graph.
-        min_block_ops: shortest block considered.
-        min_count: fewest repetitions considered.
-    """
-    codes = op_signature_codes(graph, graph.forward_ops)
-    return find_periodic_run(codes, min_block_ops=min_block_ops, min_count=min_count)
 
 
 def _op_ties(graph: JointGraph, blocks: RepeatedBlocks) -> dict[str, str]:

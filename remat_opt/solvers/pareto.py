@@ -10,6 +10,9 @@ from remat_opt.graph import JointGraph
 from remat_opt.plan import RematPlan
 from remat_opt.problem import RecomputeProblem
 from remat_opt.solvers._common import InfeasibleBudgetError, checked
+from remat_opt.solvers.baselines import solve_save_all
+from remat_opt.solvers.ilp_bounds import minimum_peak, minimum_saved_bytes
+from remat_opt.solvers.ilp_model import ILPOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +25,8 @@ class ParetoPoint:
         saved_bytes: its saved bytes.
         extra_time_s: its recompute time.
         plan: the plan.
+        substituted: True when `plan` is not the solver's own plan at this budget but a faster one
+            that fits, found at a smaller budget or while bounding the sweep (see `sweep_points`).
     """
 
     budget_bytes: int
@@ -29,13 +34,11 @@ class ParetoPoint:
     saved_bytes: int
     extra_time_s: float
     plan: RematPlan
+    substituted: bool = False
 
 
 def _budget_range(problem: RecomputeProblem, budget: str, options) -> tuple[int, int, tuple[RematPlan, ...]]:
     """(least budget, save-all's budget, plans at the least budget already known)."""
-    from remat_opt.solvers.baselines import solve_save_all
-    from remat_opt.solvers.ilp import ILPOptions, minimum_peak, minimum_saved_bytes
-
     ilp_options = options if isinstance(options, ILPOptions) else ILPOptions()
     save_all = solve_save_all(problem)
     if budget == "saved":
@@ -76,7 +79,7 @@ def sweep_points(problem: RecomputeProblem, budgets: Iterable[int], *, budget: s
                  options=None, known: Iterable[RematPlan] = (), errors: list | None = None) -> list[ParetoPoint]:
     """Plans at ascending `budgets`; a fitting plan found earlier (or in `known`) that is faster
     replaces the solver's, so the curve never gets slower as the budget grows (the solver can stop
-    at a time limit or a non-optimal peak search).
+    at a time limit or a non-optimal peak search). Each point records whether it was substituted.
 
     Args:
         errors: collects ``(budget_bytes, exception)`` for budgets left without a plan; None: raise.
@@ -96,12 +99,12 @@ def sweep_points(problem: RecomputeProblem, budgets: Iterable[int], *, budget: s
             continue
         best = min(candidates, key=lambda p: p.extra_time_s)  # the solver's own plan on ties
         found.append(best)
-        points.append(ParetoPoint(budget_bytes=budget_bytes, peak_bytes=best.peak_bytes,
-                                  saved_bytes=best.saved_bytes, extra_time_s=best.extra_time_s, plan=best))
+        points.append(ParetoPoint(budget_bytes=budget_bytes, peak_bytes=best.peak_bytes, saved_bytes=best.saved_bytes,
+                                  extra_time_s=best.extra_time_s, plan=best, substituted=best is not plan))
     return points
 
 
-def pareto(
+def pareto_front(
     graph_or_problem: JointGraph | RecomputeProblem,
     op_time_s: Mapping[str, float] | None = None,
     n_points: int = 8,
@@ -129,7 +132,7 @@ def pareto(
         problem = graph_or_problem
     else:
         if op_time_s is None:
-            raise ValueError("pareto(graph, ...) needs op_time_s")
+            raise ValueError("pareto_front(graph, ...) needs op_time_s")
         problem = RecomputeProblem.from_graph(graph_or_problem, op_time_s, pinned)
     budgets, known = sweep_budgets(problem, n_points, budget, options)
     return sweep_points(problem, budgets, budget=budget, solver=solver, options=options, known=known)

@@ -105,7 +105,7 @@ def add_schedule_row(form, j: int, peak_budget) -> None:
     """Adds the schedule-aware peak row at backward op `j` to an ILP formulation."""
     problem = form.problem
     reads = _reads(form)
-    model = problem.peak_model
+    model = form.peak_model
     event = len(problem.graph.forward_ops) + 1 + j
     ran = _ran_vars(form, reads, j)
     by_storage: dict[str, list] = {}

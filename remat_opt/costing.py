@@ -1,4 +1,5 @@
-"""The cost API the solvers use: time, FLOPs and bytes of any op or chain of ops of a `JointGraph`.
+"""Costs of a `JointGraph`, the bridge from `costmodels` to the planner: time, FLOPs and bytes of
+any op or chain of ops of the graph.
 
     >>> costs = CostModel(graph, "H100")                 # formulas + the H100 sheet
     >>> costs = CostModel(graph, table=load_table(path))  # measured times where the table has them
@@ -16,11 +17,10 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from remat_opt.graph import JointGraph, OpNode
-
 from costmodels.devices import NOMINAL_CPU, DeviceSpec, cpu_device_spec, get_device_spec, roofline_time_s
 from costmodels.formulas import OpArgs, OpCost, TensorMeta, formula_cost, has_formula, missing_formulas, with_time
 from costmodels.table import CostTable, op_key
+from remat_opt.graph import JointGraph, OpNode
 
 
 def _tensor_meta(graph: JointGraph, name: str) -> TensorMeta:

@@ -1,4 +1,4 @@
-"""``remat-opt profile``: time every distinct op of a model's forward and backward on this device.
+"""Times every distinct op of a joint graph on this device (``remat-opt profile``) -> cost table.
 
 How ops are timed: the joint graph is **replayed** op by op on the device with torch
 (`costmodels.runners`), so every op runs on the tensors the previous ops really produced (same
@@ -15,40 +15,19 @@ drawn at random so the replay goes on.
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from remat_opt.graph import JointGraph, OpNode
-
-from costmodels.api import op_args
-from costmodels.devices import calibrate_cpu, current_device_name, median_time_s
+from costmodels.devices import calibrate_cpu, current_device_name
 from costmodels.formulas import OpArgs, TensorMeta
-from costmodels.report import compare, format_comparison
 from costmodels.runners import approximation, index_bound, make_call, skip_reason
-from costmodels.table import CostTable, TableEntry, library_versions, load_table, op_key, save_table
-
-
-@dataclass(frozen=True, slots=True)
-class ProfileOptions:
-    """How long to time each op.
-
-    Attributes:
-        warmup: untimed calls before timing.
-        repeats: timed calls at least.
-        min_time_s: keep repeating (up to `max_repeats`) until this much time was timed.
-        max_repeats: timed calls at most.
-    """
-
-    warmup: int = 3
-    repeats: int = 10
-    min_time_s: float = 0.01
-    max_repeats: int = 1000
+from costmodels.table import CostTable, TableEntry, library_versions, op_key
+from costmodels.timing import ProfileOptions, time_call
+from remat_opt.costing import op_args
+from remat_opt.graph import JointGraph, OpNode
 
 
 @dataclass(slots=True)
@@ -105,40 +84,6 @@ def _last_uses(graph: JointGraph) -> dict[int, list[str]]:
     for name, i in last.items():
         by_op.setdefault(i, []).append(name)
     return by_op
-
-
-def _cuda_median_time_s(fn: Callable, options: ProfileOptions) -> tuple[float, int]:
-    for _ in range(options.warmup):
-        fn()
-    times = []
-    while len(times) < options.repeats or (sum(times) < options.min_time_s and len(times) < options.max_repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times), len(times)
-
-
-def time_call(fn: Callable, device: str, options: ProfileOptions) -> tuple[float, int]:
-    """``(median seconds, repeats)`` of `fn()` on `device` (CUDA events on a GPU, wall clock on the CPU)."""
-    if device.startswith("cuda"):
-        return _cuda_median_time_s(fn, options)
-    counter = [0]
-
-    def counted():
-        counter[0] += 1
-        return fn()
-
-    seconds = median_time_s(
-        counted,
-        warmup=options.warmup,
-        repeats=options.repeats,
-        min_total_s=options.min_time_s,
-        max_repeats=options.max_repeats,
-    )
-    return seconds, counter[0] - options.warmup
 
 
 def _progress(items: list, enabled: bool, description: str) -> Iterator:
@@ -292,70 +237,3 @@ def profile_graph(
         skipped=tuple(sorted(result.skipped.items())),
         model=model,
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line: `remat-opt profile`
-# ---------------------------------------------------------------------------------------------
-
-
-def add_profile_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Adds the options of ``remat-opt profile``: the model options of ``remat-opt`` (`ModelSpec`,
-    ``--executors``), with ``--device cpu`` by default, and the profiling options."""
-    from remat_opt.cli import add_model_arguments
-
-    add_model_arguments(parser, device_default="cpu", device_help="cpu (the default) or cuda: where ops are timed")
-    parser.add_argument("--output", "-o", default=None, help="cost table path (default: cost_tables/<device>.json)")
-    parser.add_argument("--report", action="store_true", help="print predicted vs measured per op and Spearman")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed calls per op")
-    parser.add_argument("--repeats", type=int, default=10, help="timed calls per op, at least")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return parser
-
-
-def default_table_path(device_name: str) -> Path:
-    """``cost_tables/<device name as a file name>.json`` under the current directory."""
-    slug = "".join(c if c.isalnum() else "-" for c in device_name).strip("-").lower()
-    while "--" in slug:
-        slug = slug.replace("--", "-")
-    return Path("cost_tables") / f"{slug[:80]}.json"
-
-
-def run_profile(args: argparse.Namespace) -> int:
-    """Runs ``remat-opt profile``: builds and analyzes the model, times its ops, writes the table.
-
-    Model errors (`ModelSpecError`, `ModelTraceError`) propagate to ``remat-opt``'s error handling.
-
-    Returns:
-        The exit status: 0, or 2 for a device that cannot time ops.
-    """
-    from remat_opt.cli import analyze_from_args
-
-    if not (args.device == "cpu" or args.device.startswith("cuda")):
-        print(f"remat-opt: error: --device {args.device} cannot time ops; use cpu or cuda", file=sys.stderr)
-        return 2
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    spec, graph, _ = analyze_from_args(args)
-    options = ProfileOptions(warmup=args.warmup, repeats=args.repeats)
-    table = profile_graph(graph, device=args.device, options=options, progress=not args.no_progress, model=repr(spec))
-    path = save_table(table, args.output or default_table_path(table.device))
-    table = load_table(path, device=args.device)  # what planners will read: check it round-trips
-    print(f"wrote {path}: {len(table.entries)} ops timed, {len(table.skipped)} skipped, on {table.device}")
-    for key, reason in table.skipped:
-        print(f"  skipped {key[:100]}: {reason}")
-    if args.report:
-        print(format_comparison(compare(graph, table)))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m costmodels.profiler MODEL ...``: the same as ``remat-opt profile MODEL ...``."""
-    parser = argparse.ArgumentParser(prog="remat-opt profile", description=__doc__.split("\n")[0])
-    add_profile_arguments(parser)
-    return run_profile(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from remat_opt.graph import JointGraph
-
-from costmodels.api import CostModel, op_args
 from costmodels.devices import cpu_device_spec, get_device_spec
 from costmodels.table import CostTable, op_key
+from remat_opt.costing import CostModel, op_args
+from remat_opt.graph import JointGraph
 
 
 def _ranks(values: list[float]) -> list[float]:

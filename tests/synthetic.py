@@ -217,3 +217,16 @@ def random_problem(seed: int, *, n_ops: tuple[int, int] = (4, 11)):
     graph = random_joint_graph(seed, n_ops=n_ops)
     rng = random.Random(seed)
     return RecomputeProblem.from_graph(graph, {op.name: rng.randint(1, 50) * 1e-6 for op in graph.forward_ops})
+
+
+def proxy_op_time_s(graph: JointGraph, *, bytes_per_s: float = 1e10, overhead_s: float = 5e-6) -> dict[str, float]:
+    """FLOP-free op times for tests and examples: bytes written / `bytes_per_s` + `overhead_s`.
+
+    Views write nothing new (their output storage is an input's), so they cost only the overhead.
+    This is not a cost model (`remat_opt.costing` is): it only gives solver tests plausible times.
+    """
+    times = {}
+    for op in graph.forward_ops:
+        fresh = [o for o in op.outputs if graph.tensors[o].storage == o]
+        times[op.name] = sum(graph.tensors[o].nbytes for o in fresh) / bytes_per_s + overhead_s
+    return times

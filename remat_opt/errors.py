@@ -1,0 +1,53 @@
+"""The errors users catch, in one place (no imports: every layer may raise them)."""
+
+from __future__ import annotations
+
+import math
+
+GB = 10**9  # budgets are in decimal gigabytes, as torch.cuda memory reports and litgpt print them
+
+# The solvers' budget names and the options users give them under, in GB.
+_GB_OPTION = {"budget_bytes": "activation_budget_gb", "peak_budget_bytes": "budget_gb"}
+
+
+def _gb_up(nbytes: int) -> str:
+    """Bytes as GB with 3 decimals, rounded up (a budget of that many GB admits `nbytes`)."""
+    return f"{math.ceil(nbytes / GB * 1000) / 1000:.3f}"
+
+
+class InfeasibleBudgetError(ValueError):
+    """No plan meets the budget; the message names the smallest feasible budget.
+
+    Attributes:
+        kind: ``"budget_bytes"`` (saved bytes) or ``"peak_budget_bytes"``.
+        budget: the budget asked for, in bytes.
+        minimum: the smallest budget a plan was found for, in bytes.
+        lower_bound: a proven lower bound on the smallest feasible budget (equal to `minimum`
+            when it is exact), in bytes.
+        solver: the solver that gave up.
+        in_gb: whether the message speaks in GB (the unit of `CostRemat` and `plan_graph`).
+    """
+
+    def __init__(self, kind: str, budget: int, minimum: int, lower_bound: int | None = None, solver: str = "",
+                 *, in_gb: bool = False):
+        self.kind, self.budget, self.minimum, self.solver, self.in_gb = kind, budget, minimum, solver, in_gb
+        self.lower_bound = minimum if lower_bound is None else lower_bound
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        where = f"{self.solver}: " if self.solver else ""
+        if not self.in_gb:
+            exact = "" if self.lower_bound >= self.minimum else f" (a proven lower bound is {self.lower_bound})"
+            return f"{where}{self.kind}={self.budget} < minimum feasible {self.minimum}{exact}"
+        option = _GB_OPTION.get(self.kind, self.kind)
+        bound = "" if self.lower_bound >= self.minimum else f"; no plan can go below {_gb_up(self.lower_bound)} GB"
+        return (f"{where}{option}={self.budget / GB:g} is below the minimum feasible {_gb_up(self.minimum)} GB"
+                f"{bound}: use {option}={_gb_up(self.minimum)} or more")
+
+    def to_gb(self) -> InfeasibleBudgetError:
+        """The same error with its message in GB and the option names users give."""
+        return InfeasibleBudgetError(self.kind, self.budget, self.minimum, self.lower_bound, self.solver, in_gb=True)
+
+
+class PlanCheckError(AssertionError):
+    """A solver produced a plan that the independent checker rejects (a solver bug)."""

@@ -1,0 +1,200 @@
+"""Where the repeated layers of a joint graph are: the one home of layer detection.
+
+Transformer graphs repeat one block per layer. `find_repeated_blocks` finds the longest periodic
+run of forward-op signatures (symbol, shapes, dtypes, attributes, tags, taggability);
+`find_layers` also finds the backward blocks (matched to forward layers through the saved tensors
+they read) and assigns every op, tensor and tag target to its layer; `forward_layer_labels` names
+the layer of each forward op for reports. Used by the solvers (ties between blocks), by
+`remat_opt.deepen` (copying a layer) and by `remat_opt.whatif` (memory per layer).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from remat_opt.graph import JointGraph, OpNode
+
+
+class LayerError(ValueError):
+    """The graph's layers cannot be found; the message says what broke."""
+
+
+@dataclass(frozen=True, slots=True)
+class RepeatedBlocks:
+    """`count` consecutive blocks of `period` forward ops starting at forward op index `start`."""
+
+    start: int
+    period: int
+    count: int
+
+    def block_of(self, index: int) -> int | None:
+        offset = index - self.start
+        if offset < 0 or offset >= self.period * self.count:
+            return None
+        return offset // self.period
+
+
+def op_kind(op: OpNode):
+    """An op's symbol; for a fusion region (``TorchCompile7``, ``nvFusion3``), its members' symbols.
+
+    Fusion regions are numbered through the trace, so equal regions in two layers differ by name.
+    """
+    return ("fusion", tuple(op_kind(m) for m in op.members)) if op.members else op.symbol
+
+
+def _signature(graph: JointGraph, op: OpNode) -> tuple:
+    def meta(names):
+        return tuple((graph.tensors[n].shape, graph.tensors[n].dtype) for n in names)
+
+    origins = tuple(
+        (o.taggable, o.reason) if (o := graph.origins.get(n)) is not None else None for n in op.outputs
+    )
+    return (op_kind(op), meta(op.outputs), meta(op.inputs), repr(op.attrs), tuple(sorted(op.op_tags)), origins)
+
+
+def op_signature_codes(graph: JointGraph, ops) -> np.ndarray:
+    """One integer per op; equal codes mean equal signatures (symbol, shapes, dtypes, attributes, tags)."""
+    codes: dict[tuple, int] = {}
+    return np.array([codes.setdefault(_signature(graph, op), len(codes)) for op in ops], dtype=np.int64)
+
+
+def find_periodic_run(codes: np.ndarray, *, min_block_ops: int = 8, min_count: int = 2) -> RepeatedBlocks | None:
+    """The periodic run of `codes` covering the most entries (shortest period on ties), or None."""
+    best, best_cover = None, 0
+    for period in range(min_block_ops, len(codes) // min_count + 1):
+        eq = np.concatenate(([False], codes[:-period] == codes[period:], [False]))
+        edges = np.flatnonzero(np.diff(eq.astype(np.int8)))
+        if len(edges) == 0:
+            continue
+        starts, ends = edges[0::2], edges[1::2]
+        longest = int(np.argmax(ends - starts))
+        count = (int(ends[longest] - starts[longest]) + period) // period
+        if count >= min_count and (count - 1) * period > best_cover:
+            best, best_cover = RepeatedBlocks(int(starts[longest]), period, count), (count - 1) * period
+    return best
+
+
+def find_repeated_blocks(graph: JointGraph, *, min_block_ops: int = 8, min_count: int = 2) -> RepeatedBlocks | None:
+    """The periodic run of forward ops covering the most ops (shortest period on ties), or None.
+
+    Args:
+        graph: the joint graph.
+        min_block_ops: shortest block considered.
+        min_count: fewest repetitions considered.
+    """
+    codes = op_signature_codes(graph, graph.forward_ops)
+    return find_periodic_run(codes, min_block_ops=min_block_ops, min_count=min_count)
+
+
+def forward_layer_labels(graph: JointGraph) -> dict[str, str]:
+    """Forward op name -> ``"layer k"`` (the k-th repeated block), ``"before"`` or ``"after"``.
+
+    Layers are `find_repeated_blocks`' periodic run; a graph without one is all ``"before"``.
+    """
+    blocks = find_repeated_blocks(graph)
+    labels = {}
+    for op in graph.forward_ops:
+        block = blocks.block_of(op.index) if blocks is not None else None
+        if block is not None:
+            labels[op.name] = f"layer {block}"
+        else:
+            labels[op.name] = "before" if blocks is None or op.index < blocks.start else "after"
+    return labels
+
+
+@dataclass(frozen=True)
+class Layers:
+    """Which layer every op, tensor and tag target of a traced graph belongs to (absent: none)."""
+
+    graph: JointGraph
+    forward: RepeatedBlocks
+    backward: RepeatedBlocks
+    backward_layer_of_block: tuple[int, ...]
+    op_layer: dict[str, int]
+    tensor_layer: dict[str, int] = field(default_factory=dict)
+    tag_layer: dict[str, int | None] = field(default_factory=dict)
+
+    def block_ops(self, layer: int, backward: bool) -> tuple[OpNode, ...]:
+        """The ops of `layer`'s forward (or backward) block, in trace order."""
+        if backward:
+            if layer not in self.backward_layer_of_block:
+                raise LayerError(f"layer {layer} has no backward block")
+            run, ops, block = self.backward, self.graph.backward_ops, self.backward_layer_of_block.index(layer)
+        else:
+            run, ops, block = self.forward, self.graph.forward_ops, layer
+        start = run.start + block * run.period
+        return ops[start : start + run.period]
+
+    @cached_property
+    def covered(self) -> frozenset[int]:
+        """Layers with a full forward block and a full backward block."""
+        return frozenset(range(self.forward.count)) & frozenset(self.backward_layer_of_block)
+
+
+def _backward_layers(graph: JointGraph, forward_layer: dict[str, int], run: RepeatedBlocks) -> tuple[int, ...]:
+    """The forward layer of each backward block: the layer whose tensors it reads most."""
+    producers = graph.producers
+    layers = []
+    for block in range(run.count):
+        ops = graph.backward_ops[run.start + block * run.period : run.start + (block + 1) * run.period]
+        read = Counter(
+            forward_layer[producers[name].name]
+            for op in ops
+            for name in op.inputs
+            if name in producers and producers[name].name in forward_layer
+        )
+        if not read:
+            raise LayerError(f"backward block {block} reads no tensor of a forward layer")
+        layers.append(read.most_common(1)[0][0])
+    if any(b - a != -1 for a, b in zip(layers, layers[1:])):
+        raise LayerError(f"backward blocks do not run through the layers in reverse: {layers}")
+    return tuple(layers)
+
+
+def _input_layers(graph: JointGraph, op_layer: dict[str, int]) -> dict[str, int]:
+    """Inputs (parameters) read by the forward ops of exactly one layer belong to it."""
+    found = {}
+    for name in graph.input_names:
+        readers = [op for op in graph.consumers.get(name, ()) if not op.is_backward]
+        layers = {op_layer.get(op.name) for op in readers}
+        if len(layers) == 1 and None not in layers:
+            found[name] = layers.pop()
+    return found
+
+
+def _tag_layers(graph: JointGraph, op_layer: dict[str, int]) -> dict[str, int | None]:
+    """Tag target -> its layer, or None when ops outside one layer carry it."""
+    seen: dict[str, set] = {}
+    for op in graph.forward_ops:
+        for target in op.tag_units:
+            seen.setdefault(target, set()).add(op_layer.get(op.name))
+    return {t: (layers.pop() if len(layers) == 1 else None) for t, layers in seen.items()}
+
+
+def find_layers(graph: JointGraph, *, min_layers: int = 3) -> Layers:
+    """Finds the repeated layers of `graph` (forward and backward blocks), or raises `DeepenError`."""
+    forward = find_repeated_blocks(graph, min_count=min_layers)
+    backward = find_periodic_run(op_signature_codes(graph, graph.backward_ops), min_count=min_layers)
+    if forward is None or backward is None:
+        side = "forward" if forward is None else "backward"
+        n_ops = len(graph.forward_ops if forward is None else graph.backward_ops)
+        raise LayerError(
+            f"no block of the {n_ops} {side} ops repeats {min_layers} or more times: trace at least {min_layers} "
+            "layers, or the whole depth when fusion regions span several layers"
+        )
+    op_layer = {op.name: forward.block_of(op.index) for op in graph.forward_ops if forward.block_of(op.index) is not None}
+    backward_layers = _backward_layers(graph, op_layer, backward)
+    for op in graph.backward_ops:
+        block = backward.block_of(op.index)
+        if block is not None:
+            op_layer[op.name] = backward_layers[block]
+    tensor_layer = _input_layers(graph, op_layer)
+    for op in graph.ops:
+        if op.name in op_layer:
+            written = [*op.outputs, *(out for member in op.members for out in member.outputs)]
+            tensor_layer.update(dict.fromkeys(written, op_layer[op.name]))
+    return Layers(graph, forward, backward, backward_layers, op_layer, tensor_layer, _tag_layers(graph, op_layer))

@@ -1,0 +1,65 @@
+"""Joint graphs of named models: a litgpt config traced with a few layers on meta, extended to
+its full depth (`remat_opt.deepen`). Touches Thunder (through `remat_opt.extract`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from remat_opt.deepen import extend_layers
+from remat_opt.graph import JointGraph
+
+DEFAULT_TRACED_LAYERS = 4
+
+
+def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors: str = "fused-sdpa") -> JointGraph:
+    """The joint graph of `spec` (a `remat_opt.models.ModelSpec` of a litgpt config) at full depth.
+
+    Traces `min(depth, traced_layers)` layers and extends the graph to the spec's depth (its
+    `n_layer`, else the config's); `traced_layers=0` traces every layer.
+    """
+    from remat_opt.executors import executors_for
+    from remat_opt.extract import analyze
+    from remat_opt.models import build_model, litgpt_config
+
+    if traced_layers < 0 or traced_layers in (1, 2):
+        raise ValueError(f"traced_layers must be 0 (all) or at least 3, got {traced_layers}")
+    depth = litgpt_config(spec)[0].n_layer
+    traced = depth if traced_layers == 0 else min(depth, traced_layers)
+    start_s = time.perf_counter()
+    model, inputs = build_model(replace(spec, n_layer=traced))
+    graph = analyze(model, *inputs, executors=executors_for(executors))
+    if traced == depth:
+        return graph
+    graph = extend_layers(graph, depth - traced, traced_layers=traced)
+    note = f"{spec.name}: traced {traced} of {depth} layers in {time.perf_counter() - start_s:.1f} s"
+    return replace(graph, notes=(*graph.notes, note))
+
+
+def analyze_model(
+    name: str,
+    *,
+    seq: int,
+    batch: int = 1,
+    dtype: str = "bfloat16",
+    n_layer: int | None = None,
+    traced_layers: int = DEFAULT_TRACED_LAYERS,
+    executors: str = "fused-sdpa",
+    tiny: bool = False,
+) -> JointGraph:
+    """The joint graph of a litgpt config at full depth, traced on meta with `traced_layers` layers.
+
+    Args:
+        name: litgpt config name, e.g. ``"Llama-2-7b-hf"``.
+        seq: sequence length.
+        batch: micro-batch size.
+        dtype: ``"bfloat16"``, ``"float32"`` or ``"float16"``.
+        n_layer: depth to plan for (default: the config's).
+        traced_layers: layers actually traced (0: all; shallower models are traced whole).
+        executors: ``"fused-sdpa"``, ``"default"`` or ``"torch-compile"`` (see `remat-opt inspect`).
+        tiny: shrink the config's width (tests).
+    """
+    from remat_opt.models import ModelSpec
+
+    spec = ModelSpec(name=name, n_layer=n_layer, seq=seq, batch=batch, dtype=dtype, device="meta", tiny=tiny)
+    return analyze_spec(spec, traced_layers=traced_layers, executors=executors)

@@ -1,0 +1,113 @@
+"""The architecture: import contracts (pyproject.toml), import side effects, the public surface."""
+
+import importlib
+import pkgutil
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+# What a Thunder user reaches for; everything else lives in its module.
+USER_API = {
+    "CostRemat", "explain", "analyze", "analyze_model", "plan_graph", "pareto_curve",
+    "measure_saved_bytes", "measure_step_peak_bytes", "sdpa_cpu_ex",
+    "InfeasibleBudgetError", "ModelTraceError", "DeepenError",
+}  # fmt: skip
+
+
+def _lint_imports(cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(cwd)}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_import_contracts_are_kept():
+    result = _lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "broken"),
+    [
+        ("remat_opt/graph.py", "from remat_opt import planning", "remat_opt layers"),
+        ("remat_opt/solvers/mincut.py", "import remat_opt.cli", "remat_opt layers"),
+        ("costmodels/formulas.py", "import remat_opt.graph", "costmodels is a leaf library"),
+        ("remat_opt/plan.py", "from remat_opt import _compat", "never patches torch"),
+    ],
+    ids=["graph-imports-planning", "solver-imports-cli", "costmodels-imports-remat_opt", "plan-patches-torch"],
+)
+def test_a_deliberate_violation_breaks_a_contract(tmp_path, module, line, broken):
+    """The contracts can fail: a copy of the tree with one upward import breaks the named one."""
+    for package in ("remat_opt", "costmodels"):
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    with open(tmp_path / module, "a") as f:
+        f.write(f"\n{line}  # deliberate violation\n")
+    result = _lint_imports(tmp_path, pythonpath=tmp_path)
+    assert result.returncode != 0, result.stdout[-2000:]
+    broken_lines = [ln for ln in result.stdout.splitlines() if ln.endswith("BROKEN")]
+    assert any(broken in ln for ln in broken_lines), result.stdout[-3000:]
+
+
+def test_the_data_model_solvers_and_costs_import_neither_torch_nor_thunder():
+    code = (
+        "import sys\n"
+        "import remat_opt, remat_opt.graph, remat_opt.plan, remat_opt.problem, remat_opt.solvers, remat_opt.planning\n"
+        "import costmodels, costmodels.formulas, costmodels.devices, costmodels.table\n"
+        "print(sorted(m for m in ('torch', 'thunder', 'remat_opt._compat') if m in sys.modules))\n"
+    )
+    result = _python(code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_user_api_applies_the_compatibility_step_before_thunder():
+    """`from remat_opt import CostRemat` then `import thunder` works on a torch without named tensors."""
+    code = (
+        "import sys\n"
+        "from remat_opt import CostRemat, explain\n"
+        "import thunder\n"
+        "print('remat_opt._compat' in sys.modules, callable(thunder.jit))\n"
+    )
+    result = _python(code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[-2:] == ["True", "True"]
+
+
+def test_public_surface_is_the_user_api():
+    import remat_opt
+
+    assert set(remat_opt.__all__) == USER_API
+    for name in USER_API:
+        assert getattr(remat_opt, name) is not None, name
+    for internal in ("GraphCapture", "RecomputeProblem", "SOLVERS", "JointGraph", "check_plan"):
+        with pytest.raises(AttributeError, match=internal):
+            getattr(remat_opt, internal)
+
+
+@pytest.mark.parametrize("package", ["remat_opt", "remat_opt.solvers", "remat_opt.executors", "costmodels"])
+def test_no_attribute_hides_a_module_of_the_same_name(package):
+    """`package.x` is the module `package.x` whenever such a module exists (no function shadows it)."""
+    pkg = importlib.import_module(package)
+    names = [info.name for info in pkgutil.iter_modules(pkg.__path__)]
+    assert names
+    for name in names:
+        module = importlib.import_module(f"{package}.{name}")
+        assert getattr(pkg, name) is module, f"{package}.{name} is {getattr(pkg, name)!r}, not the module"
+
+
+def test_test_fixtures_are_not_shipped():
+    assert not any((ROOT / "remat_opt").rglob("synthetic.py"))
+    assert importlib.util.find_spec("remat_opt.solvers.synthetic") is None
