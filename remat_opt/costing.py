@@ -17,7 +17,15 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from costmodels.devices import NOMINAL_CPU, DeviceSpec, cpu_device_spec, get_device_spec, roofline_time_s
+from costmodels.devices import (
+    GPU_SPECS,
+    NOMINAL_CPU,
+    DeviceSpec,
+    cpu_device_spec,
+    current_device_name,
+    get_device_spec,
+    roofline_time_s,
+)
 from costmodels.formulas import OpArgs, OpCost, TensorMeta, formula_cost, has_formula, missing_formulas, with_time
 from costmodels.table import CostTable, op_key
 from remat_opt.graph import JointGraph, OpNode
@@ -50,11 +58,12 @@ def op_args(graph: JointGraph, op: OpNode) -> OpArgs:
 
 
 def resolve_device(device: DeviceSpec | str | None, table: CostTable | None, graph: JointGraph) -> DeviceSpec:
-    """The device spec to cost for, from an explicit spec or name, the table, or the graph's device.
+    """The device spec to cost for, from an explicit spec or name, the table, or the graph's device
+    (a CPU graph: the nominal CPU; a CUDA graph: the sheet of that GPU, by its name).
 
     Raises:
-        ValueError: nothing says which device (a meta or CUDA graph without a device or table), or
-            the device named is not the one the table was measured on.
+        ValueError: nothing says which device (a meta graph without a device or table), a CUDA
+            graph on a GPU with no spec sheet, or a device other than the table's.
     """
     if table is not None and device is not None:
         _check_table_device(device, table)
@@ -68,12 +77,28 @@ def resolve_device(device: DeviceSpec | str | None, table: CostTable | None, gra
         if table is not None and table.calibration is not None:
             return cpu_device_spec(table.calibration, table.device)
         return NOMINAL_CPU
+    if device is None and _graph_device(graph) == "cuda":
+        return _cuda_device_spec(graph)
     if device is None:
         raise ValueError(
-            f"the graph is on {_graph_device(graph)!r}: name the device to cost for, e.g. "
-            "CostModel(graph, 'H100'), or pass a cost table measured there"
+            f"the graph is on {_graph_device(graph)!r}: name the device spec to cost for "
+            f"(device_spec= one of {', '.join(GPU_SPECS)}, or 'cpu'), or pass a cost table measured there"
         )
     return get_device_spec(device)
+
+
+def _cuda_device_spec(graph: JointGraph) -> DeviceSpec:
+    """The spec sheet of the GPU a CUDA graph runs on, found by the device's name."""
+    device = next(t.device for t in graph.tensors.values() if t.device.startswith("cuda"))
+    name = current_device_name(device if ":" in device else "cuda")
+    try:
+        return get_device_spec(name)
+    except ValueError:
+        raise ValueError(
+            f"the trace runs on {name!r}, which has no spec sheet: pass device_spec= one of "
+            f"{', '.join(GPU_SPECS)} (the closest GPU), or cost_table= a table measured on it "
+            "(`remat-opt profile MODEL --device cuda`)"
+        ) from None
 
 
 def _check_table_device(device: DeviceSpec | str, table: CostTable) -> None:

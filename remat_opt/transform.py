@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+import weakref
 
 from remat_opt import _compat  # noqa: F401  (before thunder)
 from remat_opt import extract
@@ -18,7 +19,12 @@ from thunder.core.proxies import ProxyTag, TensorProxy  # noqa: E402
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace  # noqa: E402
 from thunder.core.transform_common import Transform  # noqa: E402
 
-from remat_opt.planning import PlanRequest, PlannedStep, plan_graph  # noqa: E402
+from remat_opt.planning import PlanRequest, PlannedStep, plan_step  # noqa: E402
+
+# The plan behind each computation trace CostRemat returned. Thunder keeps that trace in its cache
+# entry and reports it again on every cache hit (`thunder.last_traces`), so `explain(jitted)` finds
+# the plan of the compilation that ran last, whichever function or transform instance made it.
+_PLANS: weakref.WeakKeyDictionary[TraceCtx, PlannedStep] = weakref.WeakKeyDictionary()
 
 
 def _proxies_by_name(trace: TraceCtx) -> dict[str, list[TensorProxy]]:
@@ -65,10 +71,22 @@ def _trace_key(trace: TraceCtx) -> str:
     return hashlib.sha256(str(trace).encode()).hexdigest()
 
 
+def _check_single_cost_remat() -> None:
+    """Two CostRemat transforms would tag the union of two plans, which neither predicts."""
+    from thunder.core.compile_data import get_compile_data
+
+    cd = get_compile_data()
+    transforms = (cd.transforms or []) if cd is not None else []
+    count = sum(isinstance(t, CostRemat) for t in transforms)
+    if count > 1:
+        raise ValueError(f"thunder.jit got {count} CostRemat transforms: pass one (each would plan alone, "
+                         "and Thunder would recompute the union of their plans)")
+
+
 class CostRemat(Transform):
     """Plans which activations to save and which to recompute, under a memory budget.
 
-    Args:
+    Args (keyword-only):
         budget_gb: bound on the predicted peak memory of one training step (parameters, gradients,
             saved activations, transient tensors), in GB (10**9 bytes).
         activation_budget_gb: bound on the bytes saved for backward (inputs and parameters
@@ -76,20 +94,24 @@ class CostRemat(Transform):
         solver: ``"auto"`` (ILP), ``"ilp"``, ``"mincut"``, ``"save_all"`` or ``"recompute_all"``.
         cost_table: a measured cost table (path or `costmodels.table.CostTable`) from
             `remat-opt profile`; preferred over formulas where it has an entry.
-        device: device spec name to cost for (``"H100"``, ``"H200"``, ``"A100"``, ``"L40S"``,
-            ``"cpu"``); default: the table's device, else the trace's device.
+        device_spec: spec sheet to cost for (``"H100"``, ``"H200"``, ``"A100-80GB"``, ``"L40S"``,
+            ``"cpu"``); default: the table's device, else the trace's device (a CPU trace: the
+            nominal CPU; a CUDA trace: the sheet of that GPU, found by its name).
         time_limit_s: solver time limit per compilation.
 
-    With neither budget: the least memory among plans with no extra recompute time.
+    With neither budget: the least memory among plans with no extra recompute time. A budget
+    below the least memory of any plan raises `InfeasibleBudgetError` at compile time, naming the
+    smallest feasible budget in GB.
     """
 
     def __init__(
         self,
+        *,
         budget_gb: float | None = None,
         activation_budget_gb: float | None = None,
         solver: str = "auto",
         cost_table=None,
-        device: str | None = None,
+        device_spec: str | None = None,
         time_limit_s: float = 10.0,
     ):
         self.request = PlanRequest.from_gb(
@@ -97,14 +119,14 @@ class CostRemat(Transform):
             activation_budget_gb=activation_budget_gb,
             solver=solver,
             cost_table=cost_table,
-            device=device,
+            device_spec=device_spec,
             time_limit_s=time_limit_s,
         )
-        self.last: PlannedStep | None = None
         self._cache: dict[tuple, PlannedStep] = {}
 
     def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
         executors_list = kwargs.get("executors_list") or thunder.get_default_executors()
+        _check_single_cost_remat()
         if _disable_auto_recompute():
             warnings.warn(
                 "CostRemat: auto_recompute_intermediates=True is ignored; the plan decides what is recomputed",
@@ -119,41 +141,51 @@ class CostRemat(Transform):
         if step is None:
             forward_trace, backward_trace = extract.dry_run(computation_trace, executors_list)
             graph = extract.build_joint_graph(forward_trace, backward_trace, names)
-            step = plan_graph(graph, self.request)
+            step = plan_step(graph, self.request)
             self._cache[key] = step
         else:
             step = step.as_cached()
-        self.last = step
         apply_recompute_tags(computation_trace, step.plan.recomputed_tag_targets)
         new_trace = from_trace(computation_trace)
         new_trace.bound_symbols = list(computation_trace.bound_symbols)
         new_trace.set_provenance(TraceProvenance(f"CostRemat ({step.plan.summary()})"))
+        _PLANS[new_trace] = step
         return prologue_trace, new_trace, epilogue_trace
 
     def __repr__(self) -> str:
         return f"CostRemat({self.request.describe()})"
 
 
-def find_cost_remat(jitted) -> CostRemat:
-    """The `CostRemat` among the transforms of a `thunder.jit` result (or the transform itself)."""
-    if isinstance(jitted, CostRemat):
-        return jitted
-    transforms = thunder.compile_data(jitted).transforms or []
-    found = [t for t in transforms if isinstance(t, CostRemat)]
-    if not found:
+def last_planned_step(jitted) -> PlannedStep:
+    """The plan of the compilation `jitted` (a `thunder.jit` result with a `CostRemat`) ran last.
+
+    Raises:
+        TypeError: `jitted` is not a `thunder.jit` result.
+        ValueError: it has no CostRemat, or has not been called yet.
+    """
+    try:
+        transforms = thunder.compile_data(jitted).transforms or []
+    except Exception as e:  # thunder raises various errors for objects it did not compile
+        raise TypeError(f"explain() takes a thunder.jit result compiled with transforms=[CostRemat(...)], "
+                        f"got {type(jitted).__name__}") from e
+    if not any(isinstance(t, CostRemat) for t in transforms):
         raise ValueError("explain(): this function was not compiled with transforms=[CostRemat(...)]")
-    return found[0]
+    try:
+        traces = thunder.last_traces(jitted)
+    except Exception:
+        traces = None
+    steps = [_PLANS[t] for t in traces or () if t in _PLANS]
+    if not steps:
+        raise ValueError("explain(): nothing compiled yet; call the jitted function once first")
+    return steps[-1]
 
 
-def explain(jitted_or_transform):
-    """The plan of the last compilation of `jitted` (a `thunder.jit` result with a `CostRemat`).
+def explain(jitted):
+    """The plan of the compilation `jitted` ran last (a `thunder.jit` result with a `CostRemat`).
 
     Returns:
         An `remat_opt.explanation.Explanation`: ``print()`` it for the table, ``.to_dict()`` for data.
     """
     from remat_opt.explanation import explain_step
 
-    transform = find_cost_remat(jitted_or_transform)
-    if transform.last is None:
-        raise ValueError("explain(): nothing compiled yet; call the jitted function once first")
-    return explain_step(transform.last)
+    return explain_step(last_planned_step(jitted))

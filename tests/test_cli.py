@@ -60,3 +60,25 @@ def test_deep_configs_on_meta_are_traced_shallow_and_extended(capsys):
     assert not any("traced" in note for note in direct["notes"])
     for key in ("saved_bytes", "saved_activation_bytes", "saved_input_bytes", "groups"):
         assert extended[key] == direct[key]
+
+
+def test_graph_cache_serves_the_same_graph_and_retraces_a_broken_entry(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("REMAT_OPT_GRAPH_CACHE", str(tmp_path))
+    argv = ["inspect", *TINY, "--json"]
+    assert main(argv) == 0
+    traced = json.loads(capsys.readouterr().out)
+    (entry,) = tmp_path.glob("*.pkl")  # one graph stored
+    stamp = entry.stat().st_mtime_ns
+    assert main(argv) == 0
+    cached = json.loads(capsys.readouterr().out)
+    assert entry.stat().st_mtime_ns == stamp  # read, not rewritten
+    for key in ("saved_bytes", "saved_activation_bytes", "groups", "top", "model"):
+        assert cached[key] == traced[key], key
+    entry.write_bytes(b"not a pickle")
+    with pytest.warns(UserWarning, match="ignoring unreadable"):
+        assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["saved_bytes"] == traced["saved_bytes"]
+    assert entry.stat().st_mtime_ns != stamp  # traced again and rewritten
+    other = ["inspect", "Llama-2-7b-hf", "--tiny", "--n-layer", "1", "--seq", "16", "--device", "meta", "--json"]
+    assert main(other) == 0
+    assert len(list(tmp_path.glob("*.pkl"))) == 2  # another spec, another entry

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections import Counter
 
 import pytest
@@ -10,12 +11,11 @@ import thunder
 import torch
 from conftest import executor_list
 
-from remat_opt import explain
+from remat_opt import InfeasibleBudgetError, explain
 from remat_opt.examples import block
 from remat_opt.measure import measure_saved_bytes, measure_step_peak_bytes
 from remat_opt.models import ModelSpec, build_model
-from remat_opt.solvers import InfeasibleBudgetError
-from remat_opt.transform import CostRemat
+from remat_opt.transform import CostRemat, last_planned_step
 
 GRAD_FAMILIES = ("block", "Llama-2-7b-hf", "Llama-3-8B", "Mistral-7B-v0.1", "gemma-2b", "phi-2", "pythia-14m")
 BUDGET_POINTS = ("save_all", "75%", "50%", "25%", "minimum")
@@ -31,11 +31,12 @@ def _model(name: str):
 def budget_bytes(name: str) -> dict[str, int]:
     """Save-all and minimum saved bytes of `name`, from a plan at an unbounded budget."""
     model, inputs = _model(name)
-    transform = CostRemat(activation_budget_gb=1e3, device="cpu")
-    thunder.jit(model, transforms=[transform], executors=executor_list("fused"))(*inputs)
+    jitted = thunder.jit(model, transforms=[CostRemat(activation_budget_gb=1e3, device_spec="cpu")],
+                         executors=executor_list("fused"))
+    jitted(*inputs)
     from remat_opt.solvers import minimum_saved_bytes
 
-    problem = transform.last.problem
+    problem = last_planned_step(jitted).problem
     save_all = problem.saved_bytes(())
     return {
         "save_all": save_all,
@@ -65,9 +66,9 @@ def _run(name: str, transform: CostRemat, executors="fused"):
 @pytest.mark.parametrize("name", GRAD_FAMILIES)
 def test_gradients_and_saved_bytes_at_budget(name, point):
     budget = budget_bytes(name)[point]
-    transform = CostRemat(activation_budget_gb=budget / 1e9, device="cpu")
+    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
     jitted, measured, grads = _run(name, transform)
-    plan = transform.last.plan
+    plan = last_planned_step(jitted).plan
     assert measured.activation_bytes <= budget
     assert measured.activation_bytes == plan.saved_bytes
     for param, expected in _eager_grads(name).items():
@@ -80,15 +81,16 @@ def test_gradients_and_saved_bytes_at_budget(name, point):
 
 def test_torch_compile_executor_family():
     budget = budget_bytes("Llama-2-7b-hf")["50%"]
-    transform = CostRemat(activation_budget_gb=budget / 1e9, device="cpu")
+    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
     jitted, measured, grads = _run("Llama-2-7b-hf", transform, executors="torch-compile")
+    step = last_planned_step(jitted)
     assert measured.activation_bytes <= budget
-    assert measured.activation_bytes == transform.last.plan.saved_bytes
-    assert any(op.symbol.startswith("TorchCompile") for op in transform.last.graph.ops)
+    assert measured.activation_bytes == step.plan.saved_bytes
+    assert any(op.symbol.startswith("TorchCompile") for op in step.graph.ops)
     for param, expected in _eager_grads("Llama-2-7b-hf").items():
         torch.testing.assert_close(grads[param], expected, msg=param)
     peak = measure_step_peak_bytes(jitted, *_model("Llama-2-7b-hf")[1])
-    assert abs(peak.peak_bytes - transform.last.plan.peak_bytes) <= 0.05 * peak.peak_bytes
+    assert abs(peak.peak_bytes - step.plan.peak_bytes) <= 0.05 * peak.peak_bytes
 
 
 def _backward_symbols(jitted) -> list[str]:
@@ -98,7 +100,7 @@ def _backward_symbols(jitted) -> list[str]:
 def test_sdpa_and_matmuls_are_not_recomputed_when_memory_allows():
     """Thunder #1646: with a budget at or above save-all nothing expensive is recomputed."""
     budget = budget_bytes("Llama-2-7b-hf")["save_all"]
-    transform = CostRemat(activation_budget_gb=budget / 1e9, device="cpu")
+    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
     jitted, measured, _ = _run("Llama-2-7b-hf", transform)
     model, inputs = _model("Llama-2-7b-hf")
     plain = thunder.jit(model, executors=executor_list("fused"))
@@ -109,17 +111,19 @@ def test_sdpa_and_matmuls_are_not_recomputed_when_memory_allows():
     expensive = ("linear", "matmul", "remat_sdpa_cpu_bwd")
     plain_counts = Counter(_backward_symbols(plain))
     assert {s: Counter(symbols)[s] for s in expensive} == {s: plain_counts[s] for s in expensive}
-    assert transform.last.plan.extra_time_s == 0  # at most free views are re-derived
+    assert last_planned_step(jitted).plan.extra_time_s == 0  # at most free views are re-derived
 
 
 def test_peak_budget_below_minimum_names_the_minimum():
     model, inputs = _model("Llama-2-7b-hf")
-    transform = CostRemat(budget_gb=1e-6, device="cpu")  # 1 kB: below any step's peak
+    transform = CostRemat(budget_gb=1e-6, device_spec="cpu")  # 1 kB: below any step's peak
     jitted = thunder.jit(model, transforms=[transform], executors=executor_list("fused"))
     with pytest.raises(InfeasibleBudgetError) as info:
         jitted(*inputs)
+    minimum_gb = math.ceil(info.value.minimum / 1e6) / 1e3  # in GB, rounded up to what the message shows
     assert info.value.minimum > 1000
-    assert f"minimum feasible {info.value.minimum}" in str(info.value)
+    assert f"budget_gb=1e-06 is below the minimum feasible {minimum_gb:.3f} GB" in str(info.value)
+    assert f"use budget_gb={minimum_gb:.3f} or more" in str(info.value)
 
 
 class DropoutMLP(torch.nn.Module):
@@ -133,23 +137,23 @@ class DropoutMLP(torch.nn.Module):
         return self.fc3(torch.nn.functional.gelu(self.fc2(h)))
 
 
-def _dropout_grads(transforms) -> dict[str, torch.Tensor]:
+def _dropout_grads(transforms) -> tuple[dict[str, torch.Tensor], object]:
     model = DropoutMLP()
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
     jitted = thunder.jit(model, transforms=transforms)
     torch.manual_seed(123)
     jitted(x).sum().backward()
-    return {n: p.grad for n, p in model.named_parameters()}
+    return {n: p.grad for n, p in model.named_parameters()}, jitted
 
 
 def test_dropout_gradients_identical_under_tight_budget():
-    transform = CostRemat(activation_budget_gb=0, device="cpu")  # below the minimum: find it
+    transform = CostRemat(activation_budget_gb=0, device_spec="cpu")  # below the minimum: find it
     with pytest.raises(InfeasibleBudgetError) as info:
         _dropout_grads([transform])
-    tight = CostRemat(activation_budget_gb=info.value.minimum / 1e9, device="cpu")
-    with_plan = _dropout_grads([tight])
-    assert tight.last.plan.recomputed_tag_targets
-    without = _dropout_grads([])
+    tight = CostRemat(activation_budget_gb=info.value.minimum / 1e9, device_spec="cpu")
+    with_plan, jitted = _dropout_grads([tight])
+    assert last_planned_step(jitted).plan.recomputed_tag_targets
+    without, _ = _dropout_grads([])
     for name, grad in without.items():
         assert torch.equal(with_plan[name], grad), name
 
@@ -157,16 +161,16 @@ def test_dropout_gradients_identical_under_tight_budget():
 def test_auto_recompute_intermediates_yields_to_the_plan():
     budget = budget_bytes("block")["save_all"]
     model, inputs = _model("block")
-    transform = CostRemat(activation_budget_gb=budget / 1e9, device="cpu")
+    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
     jitted = thunder.jit(model, transforms=[transform], executors=executor_list("fused"), auto_recompute_intermediates=True)
     with pytest.warns(UserWarning, match="the plan decides"):
         measured = measure_saved_bytes(jitted, *inputs)
-    assert measured.activation_bytes == transform.last.plan.saved_bytes == budget
+    assert measured.activation_bytes == last_planned_step(jitted).plan.saved_bytes == budget
 
 
 def test_explain_matches_what_thunder_saves():
     budget = budget_bytes("Llama-3-8B")["50%"]
-    transform = CostRemat(activation_budget_gb=budget / 1e9, device="cpu")
+    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
     jitted, measured, _ = _run("Llama-3-8B", transform)
     explanation = explain(jitted)
     data = explanation.to_dict()
@@ -175,7 +179,8 @@ def test_explain_matches_what_thunder_saves():
     assert data["saved_bytes"] == measured.activation_bytes
     real_saved = thunder.last_traces(jitted)[-1].bound_symbols[-1].args[1][0]
     real_shapes = sorted(tuple(p.shape) for p in real_saved if p.name not in {a.name for a in thunder.last_traces(jitted)[-1].args})
-    planned_shapes = sorted(transform.last.graph.tensors[n].shape for n in transform.last.plan.saved_names)
+    step = last_planned_step(jitted)
+    planned_shapes = sorted(step.graph.tensors[n].shape for n in step.plan.saved_names)
     assert planned_shapes == real_shapes
     text = str(explanation)
     assert "recompute" in text and "predicted step peak" in text
@@ -183,30 +188,89 @@ def test_explain_matches_what_thunder_saves():
 
 def test_same_trace_and_budget_reuse_the_plan():
     budget = budget_bytes("block")["50%"]
-    transform = CostRemat(activation_budget_gb=budget / 1e9, device="cpu")
+    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
+    jitted = []
     for _ in range(2):
         model, inputs = _model("block")
-        thunder.jit(model, transforms=[transform], executors=executor_list("fused"))(*inputs)
-    assert transform.last.cached
-    assert explain(transform).cached
+        jitted.append(thunder.jit(model, transforms=[transform], executors=executor_list("fused")))
+        jitted[-1](*inputs)
+    assert not last_planned_step(jitted[0]).cached
+    assert last_planned_step(jitted[1]).cached
+    assert explain(jitted[1]).cached
+
+
+def test_explain_shows_the_plan_of_the_compilation_that_ran():
+    """One CostRemat in two jitted functions, and a cache hit after a shape change: each explain
+    shows the plan of the function's own last compilation (its predicted saved bytes are measured)."""
+    transform = CostRemat(activation_budget_gb=budget_bytes("block")["50%"] / 1e9, device_spec="cpu")
+    model, (x,) = _model("block")
+    wide = thunder.jit(model, transforms=[transform], executors=executor_list("fused"))
+    narrow = thunder.jit(_model("block")[0], transforms=[transform], executors=executor_list("fused"))
+    x_small = x[:1].clone()
+    saved = {}
+    for name, fn, inp in [("wide", wide, x), ("narrow", narrow, x_small), ("small", wide, x_small), ("again", wide, x)]:
+        measured = measure_saved_bytes(fn, inp)
+        saved[name] = (measured.activation_bytes, explain(fn).to_dict()["saved_bytes"])
+    assert thunder.cache_hits(wide) == 1  # "again" reused the first compilation
+    assert saved["wide"][0] != saved["small"][0]  # the two shapes save different amounts
+    for name, (measured_bytes, explained_bytes) in saved.items():
+        assert explained_bytes == measured_bytes, name
+    assert explain(narrow).to_dict()["saved_bytes"] == saved["narrow"][0]
+
+
+def test_two_cost_remat_transforms_are_refused():
+    model, inputs = _model("block")
+    jitted = thunder.jit(model, transforms=[CostRemat(device_spec="cpu"), CostRemat(device_spec="cpu")])
+    with pytest.raises(ValueError, match="2 CostRemat transforms"):
+        jitted(*inputs)
 
 
 @pytest.mark.parametrize("name", ["block", "Llama-2-7b-hf"])
 def test_predicted_peak_within_5_percent_of_measured(name):
     budget = budget_bytes(name)["50%"]
-    transform = CostRemat(activation_budget_gb=budget / 1e9, device="cpu")
+    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
     model, inputs = _model(name)
     jitted = thunder.jit(model, transforms=[transform], executors=executor_list("fused"))
     measured = measure_step_peak_bytes(jitted, *inputs)
-    predicted = transform.last.plan.peak_bytes
+    predicted = last_planned_step(jitted).plan.peak_bytes
     assert abs(measured.peak_bytes - predicted) <= 0.05 * measured.peak_bytes, (measured.peak_bytes, predicted)
 
 
-def test_bad_options_are_refused():
-    with pytest.raises(ValueError, match="unknown solver 'greedy'"):
-        CostRemat(solver="greedy")
-    with pytest.raises(ValueError, match="must not be negative"):
-        CostRemat(budget_gb=-1)
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"solver": "greedy"}, ValueError, "unknown solver 'greedy'"),
+        ({"budget_gb": -1}, ValueError, "budget_gb must be a finite number of GB >= 0, got -1"),
+        ({"budget_gb": float("nan")}, ValueError, "budget_gb must be a finite number of GB >= 0, got nan"),
+        ({"activation_budget_gb": float("inf")}, ValueError, "activation_budget_gb must be a finite number"),
+        ({"budget_gb": 1e30}, ValueError, "budget_gb=1e\\+30 GB is above any device"),
+        ({"budget_gb": "10"}, TypeError, "budget_gb must be a number of GB, got str '10'"),
+        ({"budget_gb": True}, TypeError, "budget_gb must be a number of GB, got bool"),
+        ({"time_limit_s": "5"}, ValueError, "time_limit_s must be a positive number of seconds, got '5'"),
+        ({"time_limit_s": float("nan")}, ValueError, "time_limit_s must be a positive number of seconds"),
+        ({"cost_table": {"entries": {}}}, TypeError, "cost_table must be a path .* got dict"),
+    ],
+    ids=["solver", "negative", "nan", "inf", "huge", "string", "bool", "limit-string", "limit-nan", "table-dict"],
+)
+def test_bad_options_are_refused(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        CostRemat(**kwargs)
+
+
+def test_options_are_keyword_only():
+    with pytest.raises(TypeError, match="positional"):
+        CostRemat(40)
+
+
+def test_explain_refuses_what_it_cannot_explain():
+    with pytest.raises(TypeError, match="explain\\(\\) takes a thunder.jit result"):
+        explain(lambda x: x)
+    plain = thunder.jit(torch.nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="not compiled with transforms=\\[CostRemat"):
+        explain(plain)
+    not_called = thunder.jit(torch.nn.Linear(4, 4), transforms=[CostRemat(device_spec="cpu")])
+    with pytest.raises(ValueError, match="nothing compiled yet"):
+        explain(not_called)
 
 
 def _thunderfx_works() -> str | None:
@@ -231,11 +295,12 @@ def test_thunderfx_trains_with_cost_remat():
     from thunder.dynamo import ThunderCompiler
 
     budget = budget_bytes("Llama-2-7b-hf")["50%"]
-    transform = CostRemat(activation_budget_gb=budget / 1e9, device="cpu")
+    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
     model, inputs = _model("Llama-2-7b-hf")
     backend = ThunderCompiler(transforms=[transform], executors=executor_list("fused"))
     torch.compile(model, backend=backend)(*inputs).float().sum().backward()
-    assert transform.last is not None and transform.last.plan.saved_bytes <= budget
+    steps = list(transform._cache.values())  # one plan per Thunder subgraph Dynamo produced
+    assert steps and all(step.plan.saved_bytes <= budget for step in steps)
     for (name, p), (_, expected) in zip(model.named_parameters(), _eager_grads("Llama-2-7b-hf").items()):
         torch.testing.assert_close(p.grad, expected, msg=name)
 
@@ -262,11 +327,12 @@ def test_checkpoint_regions_are_honoured():
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
     plain = thunder.jit(CheckpointedMLP())
     checkpointed_bytes = measure_saved_bytes(plain, x).activation_bytes
-    transform = CostRemat(activation_budget_gb=checkpointed_bytes / 1e9, device="cpu")
+    transform = CostRemat(activation_budget_gb=checkpointed_bytes / 1e9, device_spec="cpu")
     model = CheckpointedMLP()
-    measured = measure_saved_bytes(thunder.jit(model, transforms=[transform]), x)
+    jitted = thunder.jit(model, transforms=[transform])
+    measured = measure_saved_bytes(jitted, x)
     measured.output.sum().backward()
-    assert measured.activation_bytes == transform.last.plan.saved_bytes <= checkpointed_bytes
+    assert measured.activation_bytes == last_planned_step(jitted).plan.saved_bytes <= checkpointed_bytes
     # the region is effective: the same MLP without checkpoint saves more
     assert checkpointed_bytes < measure_saved_bytes(thunder.jit(UncheckpointedMLP()), x).activation_bytes
     eager = CheckpointedMLP()
