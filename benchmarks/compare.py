@@ -99,7 +99,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 from remat_opt.executors import executors_for
 from remat_opt.measure import measure_saved_bytes, measure_step_peak_bytes
-from remat_opt.transform import CostRemat
+from remat_opt.transform import CostRemat, last_planned_step
 
 GRAD_RTOL = 1e-4
 GRAD_ATOL = 1e-5
@@ -221,7 +221,7 @@ def thunder_systems(model, idx, points, save_all_bytes: int, params: list) -> li
                        params),
     ]
     for point in points:
-        transform = CostRemat(activation_budget_gb=point.budget_bytes / 1e9, device="cpu")
+        transform = CostRemat(activation_budget_gb=point.budget_bytes / 1e9, device_spec="cpu")
         budget = f"{point.budget_bytes / MB:.3f} MB ({point.budget_bytes / save_all_bytes:.2f})"
         system = System("CostRemat", budget, THUNDER, args=(idx,), transform=transform)
         systems.append(compile_system(
@@ -348,9 +348,12 @@ class Measured:
 
 def plan_figures(system: System) -> tuple[int | None, int | None, int | None]:
     """CostRemat's predicted recompute FLOPs (costmodels formulas), saved bytes and activation budget."""
-    if system.transform is None or system.transform.last is None:
+    if system.transform is None or system.fn is None:
         return None, None, None
-    step = system.transform.last
+    try:
+        step = last_planned_step(system.fn)
+    except ValueError:  # not compiled (an error was recorded)
+        return None, None, None
     flops = step.costs.chain_cost(step.plan.recompute_ops).flops
     return flops, step.plan.saved_bytes, step.request.activation_budget_bytes
 

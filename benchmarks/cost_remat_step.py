@@ -61,7 +61,7 @@ def main() -> None:
     save_all = measure_saved_bytes(baseline, *inputs).activation_bytes
     systems = {"thunder": (baseline, inputs)}
     for label, fraction in (("CostRemat save-all", 1.0), ("CostRemat 50%", 0.5), ("CostRemat 25%", 0.25)):
-        systems[label] = _system(args, CostRemat(activation_budget_gb=fraction * save_all / 1e9, device="cpu"))
+        systems[label] = _system(args, CostRemat(activation_budget_gb=fraction * save_all / 1e9, device_spec="cpu"))
     saved = {label: measure_saved_bytes(j, *i).activation_bytes for label, (j, i) in systems.items()}
     for jitted, inputs in systems.values():  # warm-up
         _step_s(jitted, inputs)

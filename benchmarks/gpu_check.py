@@ -11,7 +11,7 @@ executors when importable) it runs, one after the other:
 * ``CostRemat x.xx``: `CostRemat(budget_gb=frac * predicted save-all peak)` per ``--budgets-frac``.
 
 Per run it prints the measured step peak (`remat_opt.measure.measure_step_peak_bytes`, i.e.
-``torch.cuda.max_memory_allocated`` over one step) next to ``CostRemat.last.plan.peak_bytes``, the
+``torch.cuda.max_memory_allocated`` over one step) next to the plan's ``peak_bytes`` (`remat_opt.transform.last_planned_step`), the
 median step time (CUDA events, after warm-up), and whether an SDPA forward was recomputed (an SDPA
 forward symbol in ``thunder.last_backward_traces(jitted)[-1]``).
 
@@ -154,10 +154,13 @@ def run_one(label, transform, model, x, ex_list, args) -> dict:
         peak = measure_step_peak_bytes(jitted, x, warmup_steps=1)
         row["measured"] = peak.peak_bytes
         row["max_alloc"] = torch.cuda.max_memory_allocated()
-        if transform is not None and transform.last is not None:
-            row["predicted"] = transform.last.plan.peak_bytes
-            row["tags"] = len(transform.last.plan.recomputed_tag_targets)
-            row["save_all_peak"] = _save_all_peak(transform.last)
+        if transform is not None:
+            from remat_opt.transform import last_planned_step
+
+            step = last_planned_step(jitted)
+            row["predicted"] = step.plan.peak_bytes
+            row["tags"] = len(step.plan.recomputed_tag_targets)
+            row["save_all_peak"] = _save_all_peak(step)
         row["sdpa"] = sdpa_recomputed(jitted)
         row["ms"] = median_step_ms(jitted, model, x, args.warmup, args.steps)
     except Exception as e:  # noqa: BLE001  (e.g. an infeasible budget: report it and go on)
@@ -221,7 +224,7 @@ def main(argv=None) -> int:
     base = run_one("thunder", None, model, x, ex_list, args)
     base_ms = base["ms"]
     print_row(base, base_ms)
-    zero = run_one("CostRemat zero-time", CostRemat(device=spec), model, x, ex_list, args)
+    zero = run_one("CostRemat zero-time", CostRemat(device_spec=spec), model, x, ex_list, args)
     print_row(zero, base_ms)
     save_all_peak = zero.get("save_all_peak")
     if not save_all_peak:
@@ -230,7 +233,7 @@ def main(argv=None) -> int:
     print(f"predicted save-all peak {save_all_peak / GB:.3f} GB", flush=True)
     for frac in args.fractions:
         budget_gb = frac * save_all_peak / GB
-        row = run_one(f"CostRemat {frac:.2f} ({budget_gb:.1f}GB)", CostRemat(budget_gb=budget_gb, device=spec),
+        row = run_one(f"CostRemat {frac:.2f} ({budget_gb:.1f}GB)", CostRemat(budget_gb=budget_gb, device_spec=spec),
                       model, x, ex_list, args)
         print_row(row, base_ms)
     return 0
