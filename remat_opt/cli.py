@@ -16,6 +16,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from remat_opt.errors import InfeasibleBudgetError
 from remat_opt.executors import EXECUTOR_CHOICES, executors_for
 from remat_opt.models import DTYPES, ModelSpec, ModelSpecError
 
@@ -193,6 +194,9 @@ def _cost_request_kwargs(args: argparse.Namespace) -> dict:
             "time_limit_s": args.time_limit_s}
 
 
+_BUDGET_FLAGS = {"peak_budget_bytes": "--budget-gb", "budget_bytes": "--activation-budget-gb"}
+
+
 def _title(spec, request) -> str:
     device = request.device_spec or (request.table.device if request.table is not None else "?")
     return f"{spec.name} n_layer={spec.n_layer} seq={spec.seq} batch={spec.batch} {spec.dtype}, costed for {device}"
@@ -214,7 +218,10 @@ def cmd_pareto(args: argparse.Namespace) -> int:
         key = "activation_budget_bytes" if args.budget == "saved" else "peak_budget_bytes"
         points = []
         for gb in budgets_gb:
-            plan = plan_step(graph, replace(request, **{key: round(gb * 1e9)})).plan
+            try:
+                plan = plan_step(graph, replace(request, **{key: round(gb * 1e9)})).plan
+            except InfeasibleBudgetError as e:
+                raise e.to_gb("--budgets-gb") from e
             points.append(ParetoPoint(round(gb * 1e9), plan.peak_bytes, plan.saved_bytes, plan.extra_time_s, plan))
     out = Path(args.out)
     csv_path = write_csv(points, out / "pareto.csv")
@@ -234,7 +241,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     request = PlanRequest.from_gb(budget_gb=args.budget_gb, activation_budget_gb=args.activation_budget_gb,
                                   solver=args.solver, **_cost_request_kwargs(args))
     spec, graph, _ = analyze_from_args(args)
-    explanation = explain_step(plan_step(graph, request))
+    try:
+        step = plan_step(graph, request)
+    except InfeasibleBudgetError as e:
+        raise e.to_gb(_BUDGET_FLAGS[e.kind]) from e
+    explanation = explain_step(step)
     if args.json:
         print(json.dumps(explanation.to_dict(), indent=2, default=str))
     else:

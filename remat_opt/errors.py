@@ -29,8 +29,9 @@ class InfeasibleBudgetError(ValueError):
     """
 
     def __init__(self, kind: str, budget: int, minimum: int, lower_bound: int | None = None, solver: str = "",
-                 *, in_gb: bool = False):
+                 *, in_gb: bool = False, option: str | None = None):
         self.kind, self.budget, self.minimum, self.solver, self.in_gb = kind, budget, minimum, solver, in_gb
+        self.option = option or _GB_OPTION.get(kind, kind)
         self.lower_bound = minimum if lower_bound is None else lower_bound
         super().__init__(self._message())
 
@@ -39,14 +40,16 @@ class InfeasibleBudgetError(ValueError):
         if not self.in_gb:
             exact = "" if self.lower_bound >= self.minimum else f" (a proven lower bound is {self.lower_bound})"
             return f"{where}{self.kind}={self.budget} < minimum feasible {self.minimum}{exact}"
-        option = _GB_OPTION.get(self.kind, self.kind)
+        option = self.option
         bound = "" if self.lower_bound >= self.minimum else f"; no plan can go below {_gb_up(self.lower_bound)} GB"
         return (f"{where}{option}={self.budget / GB:g} is below the minimum feasible {_gb_up(self.minimum)} GB"
                 f"{bound}: use {option}={_gb_up(self.minimum)} or more")
 
-    def to_gb(self) -> InfeasibleBudgetError:
-        """The same error with its message in GB and the option names users give."""
-        return InfeasibleBudgetError(self.kind, self.budget, self.minimum, self.lower_bound, self.solver, in_gb=True)
+    def to_gb(self, option: str | None = None) -> InfeasibleBudgetError:
+        """The same error with its message in GB, naming the budget as `option` (default: the
+        keyword users give, ``budget_gb`` or ``activation_budget_gb``; the CLI passes its flag)."""
+        return InfeasibleBudgetError(self.kind, self.budget, self.minimum, self.lower_bound, self.solver, in_gb=True,
+                                     option=option)
 
 
 class PlanCheckError(AssertionError):

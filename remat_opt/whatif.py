@@ -385,9 +385,12 @@ def plan_at_peak_gb(costed: CostedGraph, budget_gb: float) -> RematPlan:
     """The ILP plan under a step-peak budget (as `remat_opt.plan_graph(graph, budget_gb=..., device_spec=...)`).
 
     Raises:
-        InfeasibleBudgetError: the budget is below the smallest feasible peak (the message says it).
+        InfeasibleBudgetError: the budget is below the smallest feasible peak (named in GB).
     """
-    return solve_ilp(costed.problem, peak_budget_bytes=round(budget_gb * GB))
+    try:
+        return solve_ilp(costed.problem, peak_budget_bytes=round(budget_gb * GB))
+    except InfeasibleBudgetError as e:
+        raise e.to_gb() from e
 
 
 def plans_at_peak_budgets(costed: CostedGraph, budgets_gb: Iterable[float]) -> list[BudgetOutcome]:
