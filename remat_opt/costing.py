@@ -89,6 +89,11 @@ def resolve_device(device: DeviceSpec | str | None, table: CostTable | None, gra
 
 def _cuda_device_spec(graph: JointGraph) -> DeviceSpec:
     """The spec sheet of the GPU a CUDA graph runs on, found by the device's name."""
+    import torch
+
+    if not torch.cuda.is_available():  # e.g. a trace recorded on a GPU, planned here
+        raise ValueError(f"the graph is on CUDA, and no CUDA device here says which GPU: pass device_spec= one of "
+                         f"{', '.join(GPU_SPECS)}, or a cost table measured on that GPU")
     device = next(t.device for t in graph.tensors.values() if t.device.startswith("cuda"))
     name = current_device_name(device if ":" in device else "cuda")
     try:

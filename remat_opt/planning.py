@@ -207,7 +207,7 @@ def plan_graph(graph: JointGraph, *, budget_gb: float | None = None, activation_
 def pareto_points(graph: JointGraph, request: PlanRequest, n_points: int, budget: str = "saved") -> list[ParetoPoint]:
     """Pareto points of `graph` costed as `request` says (see `remat_opt.solvers.pareto`)."""
     if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 2:
-        raise ValueError(f"n_points must be an integer >= 2 (least memory and save-all), got {n_points!r}")
+        raise ValueError(f"n_points must be at least 2 (an integer: least memory and save-all), got {n_points!r}")
     costs = CostModel(graph, device=request.device_spec, table=request.table)
     return solve_pareto_front(graph, forward_op_times_s(costs, graph), n_points, budget=budget)
 

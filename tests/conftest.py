@@ -1,8 +1,10 @@
 """Shared fixtures. The torch compatibility step runs first so that thunder imports on torch 2.13.
 
-Two things keep the suite fast on 2 cores (README: ``pytest -n 2 --dist loadgroup``):
-* tests are grouped for pytest-xdist by file (what a file's module fixtures and caches share), except
-  `test_transform.py`, grouped by model family, so that its ~60 compilations spread over workers;
+Three things keep the suite fast on 2 cores (README: ``pytest -n 2 --dist loadscope``):
+* pytest-xdist sends each file to one worker (what its module fixtures and caches share), and each
+  test class on its own: `test_transform.py` has one class per model family, so that its ~40
+  compilations spread over both workers;
+* the longest files start first (`_LONGEST_FIRST`);
 * graphs the CLI traces are cached for the run in one directory shared by the workers
   (``REMAT_OPT_GRAPH_CACHE``, `remat_opt.graph_cache`): each tiny config is traced once per run.
 """
@@ -40,12 +42,10 @@ def pytest_configure(config):
     os.environ.setdefault("REMAT_OPT_GRAPH_CACHE", str(Path(tempfile.gettempdir()) / f"remat-opt-graphs-{run}"))
 
 
+# Files that take longest on one worker start first, so that the others fill in around them.
+_LONGEST_FIRST = ("test_notebook.py", "test_deepen.py", "test_cli.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        group = Path(str(item.fspath)).stem
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if group == "test_transform" and isinstance(params.get("name"), str):
-            group = f"{group}-{params['name']}"
-        item.add_marker(pytest.mark.xdist_group(name=group))
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))  # stable: file order kept

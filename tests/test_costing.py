@@ -22,6 +22,7 @@ def _on(graph, device: str):
     ids=["h100", "h200", "a100", "l40s"],
 )
 def test_a_cuda_graph_is_costed_for_its_gpu(monkeypatch, cuda_name, spec):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     asked = []
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: asked.append(device) or cuda_name)
     graph = _on(chain_graph(4), "cuda:1")
@@ -30,12 +31,19 @@ def test_a_cuda_graph_is_costed_for_its_gpu(monkeypatch, cuda_name, spec):
 
 
 def test_an_unknown_gpu_gets_a_message_naming_the_choices(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce RTX 4090")
     graph = _on(chain_graph(4), "cuda:0")
     with pytest.raises(ValueError, match="'NVIDIA GeForce RTX 4090', which has no spec sheet: pass device_spec= one of "
                                          "H100-SXM, H200, A100-80GB, L40S"):  # fmt: skip
         plan_graph(graph, activation_budget_gb=1.0)
     assert CostModel(graph, "H100").device is GPU_SPECS["H100-SXM"]  # naming one works
+
+
+def test_a_cuda_graph_without_a_gpu_here_needs_a_named_spec(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="no CUDA device here says which GPU: pass device_spec= one of H100-SXM"):
+        CostModel(_on(chain_graph(4), "cuda:0"))
 
 
 def test_cpu_and_meta_graphs():

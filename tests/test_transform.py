@@ -17,7 +17,6 @@ from remat_opt.measure import measure_saved_bytes, measure_step_peak_bytes
 from remat_opt.models import ModelSpec, build_model
 from remat_opt.transform import CostRemat, last_planned_step
 
-GRAD_FAMILIES = ("block", "Llama-2-7b-hf", "Llama-3-8B", "Mistral-7B-v0.1", "gemma-2b", "phi-2", "pythia-14m")
 BUDGET_POINTS = ("save_all", "75%", "50%", "25%", "minimum")
 
 
@@ -62,21 +61,55 @@ def _run(name: str, transform: CostRemat, executors="fused"):
     return jitted, measured, grads
 
 
-@pytest.mark.parametrize("point", BUDGET_POINTS)
-@pytest.mark.parametrize("name", GRAD_FAMILIES)
-def test_gradients_and_saved_bytes_at_budget(name, point):
-    budget = budget_bytes(name)[point]
-    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
-    jitted, measured, grads = _run(name, transform)
-    plan = last_planned_step(jitted).plan
-    assert measured.activation_bytes <= budget
-    assert measured.activation_bytes == plan.saved_bytes
-    for param, expected in _eager_grads(name).items():
-        torch.testing.assert_close(grads[param], expected, msg=param)
-    if point != "save_all":
-        assert plan.recomputed_tag_targets, "a budget below save-all must recompute something"
-    peak = measure_step_peak_bytes(jitted, *_model(name)[1])
-    assert abs(peak.peak_bytes - plan.peak_bytes) <= 0.05 * peak.peak_bytes, (peak.peak_bytes, plan.peak_bytes)
+class _BudgetRuns:
+    """CostRemat on one model family at five activation budgets (one class per family, so that
+    pytest-xdist's ``--dist loadscope`` spreads the families over workers)."""
+
+    name: str
+
+    @pytest.mark.parametrize("point", BUDGET_POINTS)
+    def test_gradients_and_saved_bytes_at_budget(self, point):
+        name = self.name
+        budget = budget_bytes(name)[point]
+        transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
+        jitted, measured, grads = _run(name, transform)
+        plan = last_planned_step(jitted).plan
+        assert measured.activation_bytes <= budget
+        assert measured.activation_bytes == plan.saved_bytes
+        for param, expected in _eager_grads(name).items():
+            torch.testing.assert_close(grads[param], expected, msg=param)
+        if point != "save_all":
+            assert plan.recomputed_tag_targets, "a budget below save-all must recompute something"
+        peak = measure_step_peak_bytes(jitted, *_model(name)[1])
+        assert abs(peak.peak_bytes - plan.peak_bytes) <= 0.05 * peak.peak_bytes, (peak.peak_bytes, plan.peak_bytes)
+
+
+class TestBlock(_BudgetRuns):
+    name = "block"
+
+
+class TestLlama2(_BudgetRuns):
+    name = "Llama-2-7b-hf"
+
+
+class TestLlama3(_BudgetRuns):
+    name = "Llama-3-8B"
+
+
+class TestMistral(_BudgetRuns):
+    name = "Mistral-7B-v0.1"
+
+
+class TestGemma(_BudgetRuns):
+    name = "gemma-2b"
+
+
+class TestPhi2(_BudgetRuns):
+    name = "phi-2"
+
+
+class TestPythia(_BudgetRuns):
+    name = "pythia-14m"
 
 
 def test_torch_compile_executor_family():

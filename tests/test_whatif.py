@@ -12,6 +12,7 @@ import remat_opt
 from remat_opt.costing import CostModel
 from remat_opt import whatif
 from remat_opt.layers import forward_layer_labels
+from remat_opt.plan import simulate_peak_bytes
 from remat_opt.solvers import InfeasibleBudgetError
 from remat_opt.solvers.pareto import sweep_budgets
 from synthetic import chain_graph, stacked_blocks_graph
@@ -64,7 +65,11 @@ def test_sweep_runs_from_least_peak_to_save_all(tiny, sweep):
     points = sweep.points
     assert len(points) + len(sweep.unsolved) == 5 and len(points) >= 2
     assert [p.budget_bytes for p in points] == sorted(p.budget_bytes for p in points)
-    assert all(p.peak_bytes <= p.budget_bytes for p in points)
+    for p in points:  # within budget by an independent simulation of the plan's tags, not its own field
+        assert p.peak_bytes == simulate_peak_bytes(tiny, p.plan.recomputed_tag_targets) <= p.budget_bytes
+        # an optimal plan of the solver is never replaced: the curve is monotone without substitution
+        assert p.plan.status == "optimal" and not p.substituted, p
+    assert [p.extra_time_s for p in points] == sorted((p.extra_time_s for p in points), reverse=True)
     assert points[-1].extra_time_s == 0 and points[-1].saved_bytes == tiny.saved_activation_bytes
     assert points[0].peak_bytes < points[-1].peak_bytes and points[0].extra_time_s > 0
     assert sweep.label == "H100" and len(sweep.sdpa_recomputed) == len(points)
