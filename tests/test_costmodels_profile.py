@@ -1,7 +1,8 @@
 """Profiling on the CPU: a tiny Llama's ops timed, written, read back and compared with the roofline.
 
-No assertion here is about speed (measured figures are printed by
-``benchmarks/cost_model_accuracy.py``); the tests check what the profile contains and how it is used.
+One assertion is about measured times: the roofline must rank the tiny Llama's ops roughly as the
+profile does (`SPEARMAN_FLOOR`); the full figures are printed by ``benchmarks/cost_model_accuracy.py``.
+The other tests check what the profile contains and how it is used.
 """
 
 from __future__ import annotations
@@ -30,6 +31,15 @@ from costmodels.table import load_table, op_key, save_table
 
 QUICK = ProfileOptions(warmup=1, repeats=2, min_time_s=0.0)
 
+# Rank correlation of roofline and measured time over the 83 distinct ops of the tiny one-layer
+# Llama-2 (seq 32) profiled with QUICK on one thread. Measured on a shared 2-core machine under a
+# load average of 1-5: 0.678-0.880, median 0.84, over 76 profiles (two threads: down to 0.60).
+# benchmarks/cost_model_accuracy.py documents 0.85-0.87 at seq 32 (0.915-0.94 at seq 512). A
+# roofline ranking ops at random gives 0 +- 0.11 (-0.14 seen); one ranking them backwards, -0.87.
+# The floor leaves room for a loaded machine's outliers: it catches a roofline that has lost the
+# ranking, not one that is a few percent worse (at seq 32 most ops cost about one kernel launch).
+SPEARMAN_FLOOR = 0.5
+
 
 def _fused():
     return [remat_opt.sdpa_cpu_ex, *thunder.get_default_executors()]
@@ -49,9 +59,17 @@ def llama_cpu_decomposed():
 
 @pytest.fixture(scope="module")
 def llama_table(llama_cpu, tmp_path_factory):
-    table = profile_graph(llama_cpu, options=QUICK, progress=False, model="tiny Llama-2")
-    path = save_table(table, tmp_path_factory.mktemp("tables") / "cpu.json")
-    return load_table(path, device="cpu")
+    # One thread, as benchmarks/cost_model_accuracy.py advises on a shared machine (with two, a busy
+    # neighbour core stalls parallel kernels): the profile is faster and its ranking steadier. The
+    # table is read back under the same thread count, which its device name records.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        table = profile_graph(llama_cpu, options=QUICK, progress=False, model="tiny Llama-2")
+        path = save_table(table, tmp_path_factory.mktemp("tables") / "cpu.json")
+        return load_table(path, device="cpu")
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +122,10 @@ def test_cost_model_reads_every_op_from_the_table(llama_cpu, llama_table):
     assert cost.source == "measured" and cost.formula == "sdpa" and cost.flops > 0
 
 
-def test_comparison_reports_rank_correlation_and_totals(llama_cpu, llama_table):
+def test_roofline_ranks_ops_as_measured(llama_cpu, llama_table):
     comparison = compare(llama_cpu, llama_table)
-    assert len(comparison.rows) == len(llama_table.entries)
-    assert -1.0 <= comparison.spearman <= 1.0
+    assert len(comparison.rows) == len(llama_table.entries) > 50
+    assert comparison.spearman >= SPEARMAN_FLOOR, format_comparison(comparison)
     assert comparison.measured_ops == comparison.ops == len(llama_cpu.ops)
     assert comparison.predicted_total_s > 0 and comparison.measured_total_s > 0
     text = format_comparison(comparison)

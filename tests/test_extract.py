@@ -114,13 +114,23 @@ def test_no_origin_markers_leak_into_thunder_traces():
 
 
 def test_gradients_unchanged_by_analysis():
-    _, measured, _, inputs = compiled("block", "fused")
-    model, (x,) = _model("block")
-    measured.output.sum().backward()
-    model(x).sum().backward()
+    # The shared compiled model is only read here: a fresh input, its gradients cleared before and
+    # after, so no other test sees (or leaves) accumulated gradients, whatever the order.
     captured_model = compiled("block", "fused")[2]
-    for (name, p), (_, q) in zip(model.named_parameters(), captured_model.named_parameters()):
-        torch.testing.assert_close(q.grad, p.grad, msg=name)
+    model, (x,) = _model("block")  # seeded: the same weights and input as the compiled block's
+    x_captured = x.detach().clone().requires_grad_(True)
+    params = list(captured_model.parameters())
+    for p in params:
+        p.grad = None
+    try:
+        captured_model(x_captured).sum().backward()
+        model(x).sum().backward()
+        for (name, p), (_, q) in zip(model.named_parameters(), captured_model.named_parameters(), strict=True):
+            torch.testing.assert_close(q.grad, p.grad, msg=name)
+        torch.testing.assert_close(x_captured.grad, x.grad)
+    finally:
+        for p in params:
+            p.grad = None
 
 
 def test_fused_sdpa_logsumexp_is_an_auxiliary_output():
