@@ -7,7 +7,8 @@ roofline on the named GPU).
 
     .venv/bin/python benchmarks/solve_llama.py --layers 2 8 32 --cache /tmp/remat_graphs
 
-Tracing 32 layers on meta takes ~6 minutes on a 2-core machine; ``--cache`` keeps the graphs.
+Models deeper than ``--traced-layers`` (4) are traced with 4 layers and extended (a direct 32-layer
+trace takes ~5 minutes on 2 cores, ``--traced-layers 0``); ``--cache`` keeps the graphs.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import pickle
 import time
 from pathlib import Path
 
-import remat_opt
-from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
 from remat_opt.plan import check_plan
 from remat_opt.problem import RecomputeProblem
 from remat_opt.solvers import SOLVERS, ILPOptions, solve_save_all
@@ -30,19 +29,19 @@ from remat_opt.solvers.ilp_model import ILPModel
 GiB = 2**30
 
 
-def load_graph(n_layer: int, seq: int, cache: Path | None):
-    """The joint graph of Llama-2-7b with `n_layer` layers on meta (traced, or from `cache`)."""
-    path = cache / f"llama2-7b-L{n_layer}-T{seq}.pkl" if cache else None
+def load_graph(n_layer: int, seq: int, cache: Path | None, traced_layers: int):
+    """The joint graph of Llama-2-7b with `n_layer` layers on meta (traced, or from `cache`).
+
+    Deeper than `traced_layers`, it is traced with that many layers and extended
+    (`remat_opt.model_graphs.analyze_model`; identical to a direct trace, `benchmarks/deepen_check.py`).
+    """
+    path = cache / f"llama2-7b-L{n_layer}-T{seq}-from{traced_layers}.pkl" if cache else None
     if path is not None and path.exists():
         return pickle.loads(path.read_bytes()), 0.0
-    import thunder
-
-    from remat_opt.extract import analyze
-    from remat_opt.models import ModelSpec, build_model
+    from remat_opt.model_graphs import analyze_model
 
     start = time.perf_counter()
-    model, inputs = build_model(ModelSpec("Llama-2-7b-hf", n_layer=n_layer, seq=seq, dtype="bfloat16", device="meta"))
-    graph = analyze(model, *inputs, executors=[remat_opt.sdpa_cpu_ex, *thunder.get_default_executors()])
+    graph = analyze_model("Llama-2-7b-hf", seq=seq, dtype="bfloat16", n_layer=n_layer, traced_layers=traced_layers)
     trace_s = time.perf_counter() - start
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -70,8 +69,8 @@ def budgets(problem: RecomputeProblem) -> dict[str, list[int]]:
     }
 
 
-def run(n_layer: int, seq: int, cache: Path | None, device: str, solvers: list[str]) -> None:
-    graph, trace_s = load_graph(n_layer, seq, cache)
+def run(n_layer: int, seq: int, cache: Path | None, device: str, solvers: list[str], traced_layers: int) -> None:
+    graph, trace_s = load_graph(n_layer, seq, cache, traced_layers)
     times, source = op_times(graph, device)
     start = time.perf_counter()
     problem = RecomputeProblem.from_graph(graph, times)
@@ -114,9 +113,10 @@ def main() -> None:
     parser.add_argument("--device", default="H100", help="GPU spec sheet for the cost model")
     parser.add_argument("--cache", type=Path, default=None, help="directory of pickled graphs")
     parser.add_argument("--solvers", nargs="+", default=["ilp", "mincut"], choices=sorted(SOLVERS))
+    parser.add_argument("--traced-layers", type=int, default=4, help="trace this many layers and extend (0: all)")
     args = parser.parse_args()
     for n_layer in args.layers:
-        run(n_layer, args.seq, args.cache, args.device, args.solvers)
+        run(n_layer, args.seq, args.cache, args.device, args.solvers, args.traced_layers)
 
 
 if __name__ == "__main__":

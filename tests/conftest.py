@@ -1,10 +1,11 @@
 """Shared fixtures. The torch compatibility step runs first so that thunder imports on torch 2.13.
 
-Three things keep the suite fast on 2 cores (README: ``pytest -n 2 --dist loadscope``):
+Three things keep the suite fast on 2 cores (README: ``pytest -n 2 --dist loadscope --no-loadscope-reorder``):
 * pytest-xdist sends each file to one worker (what its module fixtures and caches share), and each
   test class on its own: `test_transform.py` has one class per model family, so that its ~40
   compilations spread over both workers;
-* the longest files start first (`_LONGEST_FIRST`);
+* the longest files start first (`_LONGEST_FIRST`; ``--no-loadscope-reorder`` keeps xdist from
+  sorting files by their number of tests instead);
 * graphs the CLI traces are cached for the run in one directory shared by the workers
   (``REMAT_OPT_GRAPH_CACHE``, `remat_opt.graph_cache`): each tiny config is traced once per run.
 """
