@@ -66,43 +66,27 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
 def analyze_from_args(args: argparse.Namespace):
     """Builds the model named by `args` and returns ``(spec, graph, seconds)``.
 
-    Deep litgpt configs on meta are traced with a few layers and extended (`remat_opt.model_graphs`).
-    With ``REMAT_OPT_GRAPH_CACHE`` set, graphs of litgpt configs are kept there (`remat_opt.graph_cache`).
+    A litgpt config is traced by `remat_opt.model_graphs.analyze_spec`: deep configs on meta with a
+    few layers, extended; with ``REMAT_OPT_GRAPH_CACHE`` set, traced graphs are kept there. A
+    ``module:factory`` model is traced as the factory builds it.
     """
-    from remat_opt.graph_cache import cache_key, load_graph, store_graph
-    from remat_opt.models import check_spec
+    from remat_opt.extract import analyze
+    from remat_opt.model_graphs import analyze_spec
+    from remat_opt.models import build_model, check_same_device, check_spec, litgpt_config
 
     spec = model_spec(args)
     check_spec(spec)
     traced_layers = _traced_layers(args, spec)
     start_s = time.perf_counter()
-    key = cache_key(spec, args.executors, traced_layers) if ":" not in spec.name else None
-    cached = load_graph(key) if key else None
-    if cached is not None:
-        spec, graph = cached
+    if ":" in spec.name:
+        model, inputs = build_model(spec)
+        check_same_device(model, inputs)
+        graph = analyze(model, *inputs, executors=executors_for(args.executors))
         return spec, graph, time.perf_counter() - start_s
-    spec, graph = _trace(spec, traced_layers, args.executors)
-    if key:
-        store_graph(key, spec, graph)
+    config, seq = litgpt_config(spec)
+    spec = replace(spec, seq=spec.seq or seq, n_layer=config.n_layer)
+    graph = analyze_spec(spec, traced_layers=traced_layers, executors=args.executors)
     return spec, graph, time.perf_counter() - start_s
-
-
-def _trace(spec: ModelSpec, traced_layers: int, executors: str):
-    """``(spec with its depth and seq filled in, graph)`` of a freshly traced model."""
-    from remat_opt.extract import analyze
-    from remat_opt.models import build_model, check_same_device, litgpt_config
-
-    if traced_layers:
-        from remat_opt.model_graphs import analyze_spec
-
-        config, seq = litgpt_config(spec)
-        spec = replace(spec, seq=spec.seq or seq, n_layer=config.n_layer)
-        return spec, analyze_spec(spec, traced_layers=traced_layers, executors=executors)
-    model, inputs = build_model(spec)
-    check_same_device(model, inputs)
-    if ":" not in spec.name and spec.seq is None:
-        spec = replace(spec, seq=int(inputs[0].shape[-1]))
-    return spec, analyze(model, *inputs, executors=executors_for(executors))
 
 
 def _traced_layers(args: argparse.Namespace, spec: ModelSpec) -> int:

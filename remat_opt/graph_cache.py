@@ -1,10 +1,11 @@
 """An on-disk cache of joint graphs of named models, opt-in through ``REMAT_OPT_GRAPH_CACHE``.
 
 Tracing a model costs seconds to minutes (`remat_opt.model_graphs`); planning it again at other
-budgets or for other devices needs only the graph. With ``REMAT_OPT_GRAPH_CACHE=DIR`` set, the CLI
-keeps each graph it traces in DIR, keyed by what determines it: the model spec, the executors,
-the traced depth, the versions of torch, Thunder and litgpt, and a hash of remat-opt's own
-graph-building sources (so an edit to them never serves a stale graph). Entries are written
+budgets or for other devices needs only the graph. With ``REMAT_OPT_GRAPH_CACHE=DIR`` set,
+`remat_opt.model_graphs.analyze_spec` (the CLI, `analyze_model`) keeps each graph it traces in DIR,
+keyed by what determines it: the model spec (with its traced depth), the executors, the versions
+of torch, Thunder and litgpt, and a hash of remat-opt's own graph-building sources (so an edit to
+them never serves a stale graph). Entries are written
 atomically (several processes may share DIR); an unreadable entry is traced again.
 """
 

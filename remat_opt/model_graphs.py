@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from remat_opt.deepen import extend_layers
 from remat_opt.graph import JointGraph
+from remat_opt.graph_cache import cache_key, load_graph, store_graph
 
 DEFAULT_TRACED_LAYERS = 4
 
@@ -16,7 +17,8 @@ def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors:
     """The joint graph of `spec` (a `remat_opt.models.ModelSpec` of a litgpt config) at full depth.
 
     Traces `min(depth, traced_layers)` layers and extends the graph to the spec's depth (its
-    `n_layer`, else the config's); `traced_layers=0` traces every layer.
+    `n_layer`, else the config's); `traced_layers=0` traces every layer. With
+    ``REMAT_OPT_GRAPH_CACHE`` set, the traced graph is kept there (`remat_opt.graph_cache`).
     """
     from remat_opt.executors import executors_for
     from remat_opt.extract import analyze
@@ -27,8 +29,15 @@ def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors:
     depth = litgpt_config(spec)[0].n_layer
     traced = depth if traced_layers == 0 else min(depth, traced_layers)
     start_s = time.perf_counter()
-    model, inputs = build_model(replace(spec, n_layer=traced))
-    graph = analyze(model, *inputs, executors=executors_for(executors))
+    traced_spec = replace(spec, n_layer=traced)
+    key = cache_key(traced_spec, executors)
+    cached = load_graph(key)
+    if cached is not None:
+        graph = cached[1]
+    else:
+        model, inputs = build_model(traced_spec)
+        graph = analyze(model, *inputs, executors=executors_for(executors))
+        store_graph(key, traced_spec, graph)
     if traced == depth:
         return graph
     graph = extend_layers(graph, depth - traced, traced_layers=traced)

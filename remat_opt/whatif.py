@@ -29,6 +29,7 @@ from remat_opt.planning import forward_op_times_s
 from remat_opt.problem import RecomputeProblem
 from remat_opt.report import saved_storage_owners
 from remat_opt.solvers import (
+    ILPOptions,
     InfeasibleBudgetError,
     ParetoPoint,
     solve_ilp,
@@ -119,14 +120,29 @@ class Sweep:
 
 
 SWEEP_POINTS_ENV = "REMAT_OPT_WHATIF_POINTS"
+TIME_LIMIT_ENV = "REMAT_OPT_WHATIF_TIME_LIMIT_S"
+
+
+def _env_number(name: str, default: str, minimum: float, kind=int):
+    value = os.environ.get(name, default)
+    try:
+        number = kind(value)
+    except ValueError:
+        number = None
+    if number is None or not number >= minimum:
+        raise ValueError(f"{name} must be a number >= {minimum:g}, got {value!r}")
+    return number
 
 
 def default_sweep_points() -> int:
     """Budgets per sweep: 8, or ``REMAT_OPT_WHATIF_POINTS`` (the test suite runs the notebook with 3)."""
-    value = os.environ.get(SWEEP_POINTS_ENV, "8")
-    if not value.isdigit() or int(value) < 2:
-        raise ValueError(f"{SWEEP_POINTS_ENV} must be an integer >= 2, got {value!r}")
-    return int(value)
+    return _env_number(SWEEP_POINTS_ENV, "8", 2)
+
+
+def ilp_options() -> ILPOptions:
+    """The solver's options here: a 10 s limit per solve, or ``REMAT_OPT_WHATIF_TIME_LIMIT_S`` (the
+    test suite runs the notebook with 2 s: plans may then be feasible rather than proven optimal)."""
+    return ILPOptions(time_limit_s=_env_number(TIME_LIMIT_ENV, "10", 0.1, float))
 
 
 def peak_sweep(costed: CostedGraph, n_points: int | None = None, *, label: str = "") -> Sweep:
@@ -146,8 +162,9 @@ def peak_sweep(costed: CostedGraph, n_points: int | None = None, *, label: str =
     """
     errors: list = []
     n_points = default_sweep_points() if n_points is None else n_points
-    budgets_bytes, known = sweep_budgets(costed.problem, n_points, "peak")
-    points = sweep_points(costed.problem, budgets_bytes, budget="peak", known=known, errors=errors)
+    options = ilp_options()
+    budgets_bytes, known = sweep_budgets(costed.problem, n_points, "peak", options)
+    points = sweep_points(costed.problem, budgets_bytes, budget="peak", known=known, errors=errors, options=options)
     unsolved = [f"{budget_bytes / GB:.6g} GB: {e}" for budget_bytes, e in errors]
     return Sweep(
         label=label or costed.device,
@@ -388,7 +405,7 @@ def plan_at_peak_gb(costed: CostedGraph, budget_gb: float) -> RematPlan:
         InfeasibleBudgetError: the budget is below the smallest feasible peak (named in GB).
     """
     try:
-        return solve_ilp(costed.problem, peak_budget_bytes=round(budget_gb * GB))
+        return solve_ilp(costed.problem, peak_budget_bytes=round(budget_gb * GB), options=ilp_options())
     except InfeasibleBudgetError as e:
         raise e.to_gb() from e
 

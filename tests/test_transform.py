@@ -11,10 +11,15 @@ import thunder
 import torch
 from conftest import executor_list
 
+import remat_opt
 from remat_opt import InfeasibleBudgetError, explain
+from remat_opt.costing import CostModel
 from remat_opt.examples import block
 from remat_opt.measure import measure_saved_bytes, measure_step_peak_bytes
 from remat_opt.models import ModelSpec, build_model
+from remat_opt.planning import forward_op_times_s
+from remat_opt.problem import RecomputeProblem
+from remat_opt.solvers import minimum_saved_bytes
 from remat_opt.transform import CostRemat, last_planned_step
 
 BUDGET_POINTS = ("save_all", "75%", "50%", "25%", "minimum")
@@ -28,14 +33,11 @@ def _model(name: str):
 
 @functools.cache
 def budget_bytes(name: str) -> dict[str, int]:
-    """Save-all and minimum saved bytes of `name`, from a plan at an unbounded budget."""
+    """Save-all and minimum saved bytes of `name`, from its joint graph (`remat_opt.analyze`, the
+    graph CostRemat plans on, without compiling the step)."""
     model, inputs = _model(name)
-    jitted = thunder.jit(model, transforms=[CostRemat(activation_budget_gb=1e3, device_spec="cpu")],
-                         executors=executor_list("fused"))
-    jitted(*inputs)
-    from remat_opt.solvers import minimum_saved_bytes
-
-    problem = last_planned_step(jitted).problem
+    graph = remat_opt.analyze(model, *inputs, executors=executor_list("fused"))
+    problem = RecomputeProblem.from_graph(graph, forward_op_times_s(CostModel(graph, "cpu"), graph))
     save_all = problem.saved_bytes(())
     return {
         "save_all": save_all,
