@@ -44,7 +44,7 @@ def pytest_configure(config):
 
 
 # Files that take longest on one worker start first, so that the others fill in around them.
-_LONGEST_FIRST = ("test_notebook.py", "test_deepen.py", "test_cli.py")
+_LONGEST_FIRST = ("test_deepen.py", "test_notebook.py", "test_transform.py", "test_extract.py", "test_costmodels_families.py", "test_cli.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -221,36 +221,25 @@ def test_explain_matches_what_thunder_saves():
     assert "recompute" in text and "predicted step peak" in text
 
 
-def test_same_trace_and_budget_reuse_the_plan():
-    budget = budget_bytes("block")["50%"]
-    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
-    jitted = []
-    for _ in range(2):
-        model, inputs = _model("block")
-        jitted.append(thunder.jit(model, transforms=[transform], executors=executor_list("fused")))
-        jitted[-1](*inputs)
-    assert not last_planned_step(jitted[0]).cached
-    assert last_planned_step(jitted[1]).cached
-    assert explain(jitted[1]).cached
-
-
 def test_explain_shows_the_plan_of_the_compilation_that_ran():
     """One CostRemat in two jitted functions, and a cache hit after a shape change: each explain
-    shows the plan of the function's own last compilation (its predicted saved bytes are measured)."""
+    shows the plan of the function's own last compilation (its predicted saved bytes are measured);
+    the same trace under the same transform reuses its plan."""
     transform = CostRemat(activation_budget_gb=budget_bytes("block")["50%"] / 1e9, device_spec="cpu")
     model, (x,) = _model("block")
     wide = thunder.jit(model, transforms=[transform], executors=executor_list("fused"))
-    narrow = thunder.jit(_model("block")[0], transforms=[transform], executors=executor_list("fused"))
+    other = thunder.jit(_model("block")[0], transforms=[transform], executors=executor_list("fused"))
     x_small = x[:1].clone()
     saved = {}
-    for name, fn, inp in [("wide", wide, x), ("narrow", narrow, x_small), ("small", wide, x_small), ("again", wide, x)]:
+    for name, fn, inp in [("wide", wide, x), ("other", other, x), ("small", wide, x_small), ("again", wide, x)]:
         measured = measure_saved_bytes(fn, inp)
         saved[name] = (measured.activation_bytes, explain(fn).to_dict()["saved_bytes"])
     assert thunder.cache_hits(wide) == 1  # "again" reused the first compilation
+    assert not last_planned_step(wide).cached and last_planned_step(other).cached  # same trace: plan reused
+    assert explain(other).cached
     assert saved["wide"][0] != saved["small"][0]  # the two shapes save different amounts
     for name, (measured_bytes, explained_bytes) in saved.items():
         assert explained_bytes == measured_bytes, name
-    assert explain(narrow).to_dict()["saved_bytes"] == saved["narrow"][0]
 
 
 def test_two_cost_remat_transforms_are_refused():
@@ -258,17 +247,6 @@ def test_two_cost_remat_transforms_are_refused():
     jitted = thunder.jit(model, transforms=[CostRemat(device_spec="cpu"), CostRemat(device_spec="cpu")])
     with pytest.raises(ValueError, match="2 CostRemat transforms"):
         jitted(*inputs)
-
-
-@pytest.mark.parametrize("name", ["block", "Llama-2-7b-hf"])
-def test_predicted_peak_within_5_percent_of_measured(name):
-    budget = budget_bytes(name)["50%"]
-    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
-    model, inputs = _model(name)
-    jitted = thunder.jit(model, transforms=[transform], executors=executor_list("fused"))
-    measured = measure_step_peak_bytes(jitted, *inputs)
-    predicted = last_planned_step(jitted).plan.peak_bytes
-    assert abs(measured.peak_bytes - predicted) <= 0.05 * measured.peak_bytes, (measured.peak_bytes, predicted)
 
 
 @pytest.mark.parametrize(
