@@ -11,6 +11,7 @@ Three things keep the suite fast on 2 cores (README: ``pytest -n 2 --dist loadsc
 """
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -38,9 +39,18 @@ def executors():
 
 
 def pytest_configure(config):
-    # one cache directory per run, shared by the xdist workers of that run
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
-    os.environ.setdefault("REMAT_OPT_GRAPH_CACHE", str(Path(tempfile.gettempdir()) / f"remat-opt-graphs-{run}"))
+    # One cache directory per run: made by the controller (or the only process) before xdist starts
+    # its workers, which inherit the environment; removed when the run ends.
+    if not hasattr(config, "workerinput") and "REMAT_OPT_GRAPH_CACHE" not in os.environ:
+        config._remat_opt_graph_cache = tempfile.mkdtemp(prefix="remat-opt-graphs-")
+        os.environ["REMAT_OPT_GRAPH_CACHE"] = config._remat_opt_graph_cache
+
+
+def pytest_unconfigure(config):
+    directory = getattr(config, "_remat_opt_graph_cache", None)
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
+        del os.environ["REMAT_OPT_GRAPH_CACHE"]
 
 
 # Files that take longest on one worker start first, so that the others fill in around them.
