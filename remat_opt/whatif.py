@@ -135,13 +135,13 @@ def _env_number(name: str, default: str, minimum: float, kind=int):
 
 
 def default_sweep_points() -> int:
-    """Budgets per sweep: 8, or ``REMAT_OPT_WHATIF_POINTS`` (the test suite runs the notebook with 3)."""
+    """Budgets per sweep: 8, or ``REMAT_OPT_WHATIF_POINTS`` (the test suite runs the notebook with 2)."""
     return _env_number(SWEEP_POINTS_ENV, "8", 2)
 
 
 def ilp_options() -> ILPOptions:
     """The solver's options here: a 10 s limit per solve, or ``REMAT_OPT_WHATIF_TIME_LIMIT_S`` (the
-    test suite runs the notebook with 2 s: plans may then be feasible rather than proven optimal)."""
+    test suite runs the notebook with 1 s: plans may then be feasible rather than proven optimal)."""
     return ILPOptions(time_limit_s=_env_number(TIME_LIMIT_ENV, "10", 0.1, float))
 
 

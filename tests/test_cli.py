@@ -52,10 +52,10 @@ def test_bad_input_gets_one_line_error(argv, message, capsys):
 
 def test_deep_configs_on_meta_are_traced_shallow_and_extended(capsys):
     # the config of test_deepen's Llama-2 case: within one run, its traced graphs are cached and shared
-    argv = ["inspect", "Llama-2-7b-hf", "--tiny", "--n-layer", "6", "--json"]
+    argv = ["inspect", "Llama-2-7b-hf", "--tiny", "--n-layer", "5", "--json"]
     assert main(argv) == 0
     extended = json.loads(capsys.readouterr().out)
-    assert "Llama-2-7b-hf: traced 4 of 6 layers" in " ".join(extended["notes"])
+    assert "Llama-2-7b-hf: traced 4 of 5 layers" in " ".join(extended["notes"])
     assert main([*argv, "--traced-layers", "0"]) == 0
     direct = json.loads(capsys.readouterr().out)
     assert not any("traced" in note for note in direct["notes"])
