@@ -161,9 +161,7 @@ def plan_step(graph: JointGraph, request: PlanRequest) -> PlannedStep:
     problem = RecomputeProblem.from_graph(graph, forward_op_times_s(costs, graph))
     if request.peak_budget_bytes is None and request.activation_budget_bytes is None:
         plan = _zero_time_plan(graph, costs, request)
-    elif request.solver not in SOLVERS and request.solver != "auto":
-        raise ValueError(f"unknown solver {request.solver!r}; use one of {', '.join(SOLVER_CHOICES)}")
-    else:
+    else:  # `PlanRequest.create` has checked the solver's name
         solver = SOLVERS["ilp" if request.solver == "auto" else request.solver]
         try:
             plan = solver(
