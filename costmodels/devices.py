@@ -312,7 +312,7 @@ def _net(seconds: float, overhead_s: float) -> float:
 def cpu_device_spec(calibration: CpuCalibration, name: str | None = None) -> DeviceSpec:
     """A `DeviceSpec` for this CPU from its calibration (vector rates used for every dtype)."""
     return DeviceSpec(
-        name=name or cpu_device_name(calibration.threads),
+        name=name or cpu_device_name(),
         matrix_flops_per_s=calibration.matmul_flops_per_s,
         vector_flops_per_s=(("float32", calibration.vector_flops_per_s),),
         memory_bandwidth_bytes_per_s=calibration.memory_bandwidth_bytes_per_s,
@@ -337,13 +337,10 @@ def cpu_model_name() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def cpu_device_name(threads: int | None = None) -> str:
-    """Identity of this CPU for cost tables: model name and thread count (times depend on both)."""
-    if threads is None:
-        import torch
-
-        threads = torch.get_num_threads()
-    return f"cpu: {cpu_model_name()} x{threads} threads ({os.cpu_count()} cores visible)"
+def cpu_device_name() -> str:
+    """Identity of this CPU for cost tables: its model name and visible cores. The thread count a
+    table was measured with is recorded in its calibration, and a different count only warns."""
+    return f"cpu: {cpu_model_name()} ({os.cpu_count()} cores visible)"
 
 
 def current_device_name(device: str = "cpu") -> str:

@@ -643,14 +643,27 @@ def fusion_cost(args: OpArgs) -> OpCost:
     )
 
 
+# Attribute a graph builder sets on an op it could count by running it (an op Thunder runs through
+# its generic torch fallback): the matrix FLOPs torch's flop counter found (0 for none).
+COUNTED_FLOPS_ATTR = "counted_flops"
+
+
 def fallback_cost(args: OpArgs) -> OpCost:
-    """An op without a formula: one FLOP per element of its largest tensor, boundary bytes."""
-    return _cost(args, "fallback", flops=_largest_numel(args))
+    """An op without a formula: its counted matrix FLOPs when the graph has them, plus one FLOP per
+    element of its largest tensor (the guess for the rest), over its boundary bytes."""
+    counted = args.attr(COUNTED_FLOPS_ATTR)
+    if counted is None:
+        return _cost(args, "fallback", flops=_largest_numel(args))
+    vector = _largest_numel(args)
+    return _cost(
+        args, "counted", flops=counted + vector, matrix_flops=int(counted), vector_flops=vector
+    )
 
 
 def missing_formulas(args: OpArgs) -> list[str]:
-    """Symbols of `args` and of its members that fall back (an empty list when covered)."""
-    missing = [] if has_formula(args.symbol) else [args.symbol]
+    """Symbols of `args` and of its members that fall back uncounted (an empty list when covered)."""
+    covered = has_formula(args.symbol) or args.attr(COUNTED_FLOPS_ATTR) is not None
+    missing = [] if covered else [args.symbol]
     for member in args.members:
         missing.extend(missing_formulas(member))
     return missing

@@ -139,16 +139,30 @@ def load_table(path: str | Path, *, device: str | None = "auto", allow_mismatch:
     """
     path = Path(path)
     table = parse_table(_read_json(path), source=str(path))
+    _warn_other_threads(table, path)
     problems = mismatches(table, device)
     if problems:
         message = f"cost table {path} does not match this machine: {'; '.join(problems)}"
         if not allow_mismatch:
             raise CostTableError(
                 f"{message}. Profile this machine with `remat-opt profile MODEL ...`, or accept the table "
-                "anyway with allow_mismatch=True (--allow-other-device)"
+                "anyway with allow_mismatch=True (the CLI's --allow-other-device)"
             )
         warnings.warn(f"{message}; using it anyway (allow_mismatch=True)", stacklevel=2)
     return table
+
+
+def _warn_other_threads(table: CostTable, path: Path) -> None:
+    """CPU times depend on the thread count: a table measured with another count is used, with a warning."""
+    import torch
+
+    if table.calibration is not None and table.calibration.threads != torch.get_num_threads():
+        warnings.warn(
+            f"cost table {path} was measured with {table.calibration.threads} CPU threads, this process uses "
+            f"{torch.get_num_threads()}: its times may be off by the difference (profile again with "
+            f"--threads {torch.get_num_threads()}, or call torch.set_num_threads({table.calibration.threads}))",
+            stacklevel=3,
+        )
 
 
 def mismatches(table: CostTable, device: str | None) -> list[str]:

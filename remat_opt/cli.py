@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -18,9 +19,75 @@ from pathlib import Path
 
 from remat_opt.errors import InfeasibleBudgetError
 from remat_opt.executors import EXECUTOR_CHOICES, executors_for
-from remat_opt.models import DTYPES, ModelSpec, ModelSpecError
+from remat_opt.models import DTYPES, FACTORY_OPTIONS, ModelSpec, ModelSpecError
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, ``remat-opt: error: ...``, exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"remat-opt: error: {self.prog.removeprefix('remat-opt ')}: {message}\n")
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def _finite_float(*, positive: bool):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (value > 0 if positive else value >= 0) or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be finite and {'positive' if positive else 'not negative'}, "
+                                             f"got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def _device(text: str) -> str:
+    """``meta``, ``cpu``, ``cuda`` or ``cuda:N``."""
+    name = text.strip().lower()
+    if name in ("meta", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
+        return name
+    raise argparse.ArgumentTypeError(f"unknown device {text!r}; use meta, cpu, cuda or cuda:N")
+
+
+_positive_int, _count = _int_at_least(1), _int_at_least(0)
+
+
+def check_writable_dir(path: Path, flag: str, shown: Path | None = None) -> None:
+    """Creates `path` if needed and checks a file can be written there, before any work starts
+    (`shown`: the path the error names, when it is a file in `path`)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".remat-opt-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"{flag} {str(shown or path)!r} is not writable: {e.strerror or e}") from None
+
+
+def check_writable_file(path: Path, flag: str) -> None:
+    """Checks `path` can be written (its folder created if needed), before any work starts."""
+    if path.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} is a folder; give a file path such as {path / 'table.json'}")
+    check_writable_dir(path.parent, flag, shown=path)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{flag} {str(path)!r} is not writable")
 
 def add_model_arguments(
     parser: argparse.ArgumentParser,
@@ -29,11 +96,12 @@ def add_model_arguments(
 ) -> None:
     """The model options shared by every subcommand that builds a model."""
     parser.add_argument("model", help="litgpt config name (e.g. Llama-2-7b-hf) or package.module:factory")
-    parser.add_argument("--n-layer", type=int, default=None, help="override the number of layers")
-    parser.add_argument("--seq", type=int, default=None, help="sequence length (default 128; 32 with --tiny)")
-    parser.add_argument("--batch", type=int, default=1, help="micro-batch size")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    parser.add_argument("--device", default=device_default, help=device_help)
+    parser.add_argument("--n-layer", type=_positive_int, default=None, help="override the number of layers")
+    parser.add_argument("--seq", type=_positive_int, default=None, help="sequence length (default 128; 32 with --tiny)")
+    parser.add_argument("--batch", type=_positive_int, default=None, help="micro-batch size (default 1)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default float32")
+    parser.add_argument("--device", type=_device, default=None, help=device_help)
+    parser.set_defaults(default_device=device_default)
     parser.add_argument("--tiny", action="store_true", help="shrink the config to a tiny model of its family")
     parser.add_argument(
         "--executors",
@@ -56,11 +124,17 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
         name=args.model,
         n_layer=args.n_layer,
         seq=args.seq,
-        batch=args.batch,
-        dtype=args.dtype,
-        device=args.device,
+        batch=args.batch or 1,
+        dtype=args.dtype or "float32",
+        device=args.device or args.default_device,
         tiny=args.tiny,
     )
+
+
+def given_options(args: argparse.Namespace) -> frozenset[str]:
+    """The model options the user set explicitly (a factory must take each of them)."""
+    given = {k for k in FACTORY_OPTIONS if getattr(args, k, None) is not None}
+    return frozenset(given | ({"tiny"} if args.tiny else set()))
 
 
 def analyze_from_args(args: argparse.Namespace):
@@ -79,7 +153,7 @@ def analyze_from_args(args: argparse.Namespace):
     traced_layers = _traced_layers(args, spec)
     start_s = time.perf_counter()
     if ":" in spec.name:
-        model, inputs = build_model(spec)
+        model, inputs = build_model(spec, given_options(args))
         check_same_device(model, inputs)
         graph = analyze(model, *inputs, executors=executors_for(args.executors))
         return spec, graph, time.perf_counter() - start_s
@@ -105,8 +179,11 @@ def _traced_layers(args: argparse.Namespace, spec: ModelSpec) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from remat_opt.report import inspect_report, render_inspect
 
+    from remat_opt.models import describe_model
+
     spec, graph, analysis_s = analyze_from_args(args)
-    report = inspect_report(graph, spec=spec, analysis_s=analysis_s, top=args.top)
+    model = describe_model(spec, given_options(args))
+    report = inspect_report(graph, model=model, analysis_s=analysis_s, top=args.top)
     print(json.dumps(report, indent=2) if args.json else render_inspect(report))
     return 0
 
@@ -153,11 +230,6 @@ def parse_budgets_gb(text: str) -> list[float]:
     return sorted(set(budgets))
 
 
-def _check_budget_gb(flag: str, value: float | None) -> None:
-    if value is not None and not value >= 0:
-        raise ValueError(f"{flag} must not be negative, got {value:g}")
-
-
 def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     """`--device-spec` and `--cost-table`: what `pareto` and `plan` cost ops with."""
     parser.add_argument(
@@ -167,23 +239,38 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
         "default: the cost table's device, else the graph's (meta graphs need one)",
     )
     parser.add_argument("--cost-table", default=None, help="measured cost table (JSON from `remat-opt profile`)")
-    parser.add_argument("--time-limit-s", type=float, default=10.0, help="solver time limit per budget")
+    parser.add_argument("--allow-other-device", action="store_true",
+                        help="use a --cost-table measured on another device or library versions (with a warning)")
+    parser.add_argument("--time-limit-s", type=_finite_float(positive=True), default=10.0,
+                        help="solver time limit per budget")
 
 
 def _cost_request_kwargs(args: argparse.Namespace) -> dict:
-    if args.device_spec is None and args.cost_table is None and args.device in ("meta", "cuda"):
-        raise ValueError(f"--device {args.device} graphs need --device-spec ({', '.join(DEVICE_SPEC_NAMES)}) "
+    device = args.device or args.default_device
+    if args.device_spec is None and args.cost_table is None and device.partition(":")[0] in ("meta", "cuda"):
+        raise ValueError(f"--device {device} graphs need --device-spec ({', '.join(DEVICE_SPEC_NAMES)}) "
                          "or --cost-table")
-    return {"device_spec": resolve_device_spec(args.device_spec), "cost_table": args.cost_table,
+    table = args.cost_table
+    if table is not None and args.allow_other_device:
+        from costmodels.table import load_table
+
+        table = load_table(table, allow_mismatch=True)
+    elif args.allow_other_device:
+        raise ValueError("--allow-other-device applies to a --cost-table; none was given")
+    return {"device_spec": resolve_device_spec(args.device_spec), "cost_table": table,
             "time_limit_s": args.time_limit_s}
 
 
 _BUDGET_FLAGS = {"peak_budget_bytes": "--budget-gb", "budget_bytes": "--activation-budget-gb"}
 
 
-def _title(spec, request) -> str:
-    device = request.device_spec or (request.table.device if request.table is not None else "?")
-    return f"{spec.name} n_layer={spec.n_layer} seq={spec.seq} batch={spec.batch} {spec.dtype}, costed for {device}"
+def _title(spec, request, graph, given: frozenset[str]) -> str:
+    """The model as built (a factory: only what it was called with) and the device costed for."""
+    from remat_opt.costing import resolve_device
+    from remat_opt.models import describe_model
+    from remat_opt.report import format_model
+
+    return f"{format_model(describe_model(spec, given))}, costed for {resolve_device(request.device_spec, request.table, graph).name}"
 
 
 def cmd_pareto(args: argparse.Namespace) -> int:
@@ -192,9 +279,9 @@ def cmd_pareto(args: argparse.Namespace) -> int:
     from remat_opt.solvers.pareto import ParetoPoint
 
     budgets_gb = None if args.budgets_gb is None else parse_budgets_gb(args.budgets_gb)
-    if budgets_gb is None and args.points < 2:
-        raise ValueError(f"--points must be at least 2 (least memory and save-all), got {args.points}")
     request = PlanRequest.create(**_cost_request_kwargs(args))
+    out = Path(args.out)
+    check_writable_dir(out, "--out")
     spec, graph, _ = analyze_from_args(args)
     if budgets_gb is None:
         points = pareto_points(graph, request, args.points, budget=args.budget)
@@ -207,10 +294,10 @@ def cmd_pareto(args: argparse.Namespace) -> int:
             except InfeasibleBudgetError as e:
                 raise e.to_gb("--budgets-gb") from e
             points.append(ParetoPoint(round(gb * 1e9), plan.peak_bytes, plan.saved_bytes, plan.extra_time_s, plan))
-    out = Path(args.out)
+    title = _title(spec, request, graph, given_options(args))
     csv_path = write_csv(points, out / "pareto.csv")
-    png_path, svg_path = plot_curve(points, out / "pareto.png", out / "pareto.svg", _title(spec, request))
-    print(_title(spec, request) + f"; {args.budget} budget sweep")
+    png_path, svg_path = plot_curve(points, out / "pareto.png", out / "pareto.svg", title)
+    print(title + f"; {args.budget} budget sweep")
     print(render_points(points))
     print(f"\nwrote {csv_path}, {png_path}, {svg_path}")
     return 0
@@ -220,8 +307,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from remat_opt.explanation import explain_step
     from remat_opt.planning import PlanRequest, plan_step
 
-    _check_budget_gb("--budget-gb", args.budget_gb)
-    _check_budget_gb("--activation-budget-gb", args.activation_budget_gb)
     request = PlanRequest.from_gb(budget_gb=args.budget_gb, activation_budget_gb=args.activation_budget_gb,
                                   solver=args.solver, **_cost_request_kwargs(args))
     spec, graph, _ = analyze_from_args(args)
@@ -233,7 +318,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(explanation.to_dict(), indent=2, default=str))
     else:
-        print(_title(spec, request) + f"; {request.describe()}")
+        print(_title(spec, request, graph, given_options(args)) + f"; {request.describe()}")
         print(explanation.summary_table() if args.summary else explanation)
     return 0
 
@@ -247,15 +332,18 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     add_model_arguments(parser, device_default="cpu", device_help="cpu (the default) or cuda: where ops are timed")
     parser.add_argument("--output", "-o", default=None, help="cost table path (default: cost_tables/<device>.json)")
     parser.add_argument("--report", action="store_true", help="print predicted vs measured per op and Spearman")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed calls per op")
-    parser.add_argument("--repeats", type=int, default=10, help="timed calls per op, at least")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--warmup", type=_count, default=3, help="untimed calls per op")
+    parser.add_argument("--repeats", type=_positive_int, default=10, help="timed calls per op, at least")
+    parser.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
 def default_table_path(device_name: str) -> Path:
-    """``cost_tables/<device name as a file name>.json`` under the current directory."""
+    """``cost_tables/cpu.json`` for this machine's CPU (one table per machine: its identity is in
+    the table), ``cost_tables/<GPU name as a file name>.json`` for a GPU, under the current folder."""
+    if device_name.startswith("cpu"):
+        return Path("cost_tables") / "cpu.json"
     slug = "".join(c if c.isalnum() else "-" for c in device_name).strip("-").lower()
     while "--" in slug:
         slug = slug.replace("--", "-")
@@ -275,16 +363,19 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from remat_opt.cost_report import compare, format_comparison
     from remat_opt.profiling import profile_graph
 
-    if not (args.device == "cpu" or args.device.startswith("cuda")):
-        print(f"remat-opt: error: --device {args.device} cannot time ops; use cpu or cuda", file=sys.stderr)
+    device = args.device or args.default_device
+    if not (device == "cpu" or device.startswith("cuda")):
+        print(f"remat-opt: error: --device {device} cannot time ops; use cpu or cuda", file=sys.stderr)
         return 2
+    if args.output is not None:
+        check_writable_file(Path(args.output), "--output")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     spec, graph, _ = analyze_from_args(args)
     options = ProfileOptions(warmup=args.warmup, repeats=args.repeats)
-    table = profile_graph(graph, device=args.device, options=options, progress=not args.no_progress, model=repr(spec))
+    table = profile_graph(graph, device=device, options=options, progress=not args.no_progress, model=repr(spec))
     path = save_table(table, args.output or default_table_path(table.device))
-    table = load_table(path, device=args.device)  # what planners will read: check it round-trips
+    table = load_table(path, device=device)  # what planners will read: check it round-trips
     print(f"wrote {path}: {len(table.entries)} ops timed, {len(table.skipped)} skipped, on {table.device}")
     for key, reason in table.skipped:
         print(f"  skipped {key[:100]}: {reason}")
@@ -294,11 +385,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="remat-opt", description="Cost-model-driven rematerialization for Thunder")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="remat-opt", description="Cost-model-driven rematerialization for Thunder")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     inspect = sub.add_parser("inspect", help="saved-for-backward table of a model")
     add_model_arguments(inspect)
-    inspect.add_argument("--top", type=int, default=10, help="how many of the largest saved tensors to list")
+    inspect.add_argument("--top", type=_count, default=10, help="how many of the largest saved tensors to list")
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     inspect.set_defaults(run=cmd_inspect)
 
@@ -309,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     pareto = sub.add_parser("pareto", help="sweep budgets: peak/saved GB vs predicted extra time -> CSV, PNG, SVG")
     add_model_arguments(pareto)
     add_cost_arguments(pareto)
-    pareto.add_argument("--points", type=int, default=8, help="how many budgets, from least memory to save-all")
+    pareto.add_argument("--points", type=_int_at_least(2), default=8, help="how many budgets, from least memory to save-all")
     pareto.add_argument("--budget", choices=("saved", "peak"), default="saved",
                         help="sweep the saved-for-backward budget or the step peak budget")
     pareto.add_argument("--budgets-gb", default=None,
@@ -323,8 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(plan)
     add_cost_arguments(plan)
     budgets = plan.add_mutually_exclusive_group()
-    budgets.add_argument("--budget-gb", type=float, default=None, help="bound on the predicted step peak, GB")
-    budgets.add_argument("--activation-budget-gb", type=float, default=None,
+    budgets.add_argument("--budget-gb", type=_finite_float(positive=False), default=None,
+                         help="bound on the predicted step peak, GB")
+    budgets.add_argument("--activation-budget-gb", type=_finite_float(positive=False), default=None,
                          help="bound on saved-for-backward bytes (inputs excluded), GB")
     plan.add_argument("--solver", choices=SOLVER_CHOICES, default="auto")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
@@ -336,7 +428,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, or a one-line usage error (`_Parser.error`)
+        return e.code if isinstance(e.code, int) else 2
     from remat_opt.extract import ModelTraceError
 
     try:

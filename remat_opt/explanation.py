@@ -43,10 +43,12 @@ class Explanation:
     extra_time_s: float
     recomputed_tag_targets: tuple[str, ...]
     cached: bool
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         data = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "rows"}
         data["recomputed_tag_targets"] = list(self.recomputed_tag_targets)
+        data["notes"] = list(self.notes)
         data["rows"] = [{k: getattr(r, k) for k in r.__slots__} for r in self.rows]
         return data
 
@@ -59,6 +61,7 @@ class Explanation:
             f"extra recompute time: {self.extra_time_s * 1e3:.3f} ms; "
             f"{len(self.recomputed_tag_targets)} tags; solver {self.solver} ({self.status}{gap})"
             + ("; plan reused from cache" if self.cached else ""),
+            *(f"note: {note}" for note in self.notes),
         ]
 
     def by_producer(self) -> list[dict]:
@@ -146,4 +149,5 @@ def explain_step(step: PlannedStep) -> Explanation:
         extra_time_s=plan.extra_time_s,
         recomputed_tag_targets=plan.recomputed_tag_targets,
         cached=step.cached,
+        notes=graph.notes,
     )

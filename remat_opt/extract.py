@@ -37,7 +37,9 @@ from thunder.core.symbol import BoundSymbol  # noqa: E402
 from thunder.core.trace import TraceCtx, from_trace  # noqa: E402
 from thunder.core.transform_common import Transform, dce  # noqa: E402
 
+from costmodels.formulas import COUNTED_FLOPS_ATTR  # noqa: E402
 from remat_opt import graph as g  # noqa: E402
+from remat_opt.op_semantics import FallbackWork, fallback_work, is_random  # noqa: E402
 from remat_opt.storage import StorageTracker  # noqa: E402
 
 # Bound symbols that only move values between Python containers; they are not ops of the graph.
@@ -76,11 +78,6 @@ class _CaptureDone(Exception):
     """Raised by `GraphCapture(stop=True)` to end a compilation once the graph is captured."""
 
 
-def _is_random(bsym: BoundSymbol) -> bool:
-    tags = bsym.sym.tags or ()
-    return prims.OpTags.RANDOM_OP in tags or any(_is_random(s) for s in bsym.subsymbols)
-
-
 def _tensor_outs(bsym: BoundSymbol) -> list[TensorProxy]:
     return [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
 
@@ -105,7 +102,7 @@ def _copy_marked(bsym: BoundSymbol, depth: int, inherited: dict[str, str] | None
     child_inherited = {**inherited, **{o.name: unit for o in outs}} if unit else inherited
     subsymbols = [_copy_marked(s, depth + 1, child_inherited) for s in bsym.subsymbols]
     copy = bsym.from_bsym(subsymbols=subsymbols, tags=set(bsym.tags))
-    random = _is_random(bsym)
+    random = is_random(bsym)
     copy.tags.add(_Origin(None, bsym.sym.name, depth, unit, random))
     for o in outs:
         o.tags.add(_Origin(o.name, bsym.sym.name, depth, inherited.get(o.name, unit), random))
@@ -152,6 +149,19 @@ def dry_run(computation_trace: TraceCtx, executors_list) -> tuple[TraceCtx, Trac
             p.tags.update(saved_tags[key])
 
 
+def needs_backward(computation_trace: TraceCtx) -> bool:
+    """Whether Thunder will build a backward for this computation trace: as Thunder 0.2.6 decides
+    (``thunder/__init__.py``), some tensor argument requires grad and torch autograd support is on
+    (and grad is enabled: a call under ``torch.no_grad`` builds none). A function that switches
+    grad on inside may still get no backward: the dry run's result is the last word."""
+    from thunder.core.compile_data import get_compile_data
+
+    compile_data = get_compile_data()
+    if compile_data is not None and (compile_data.disable_torch_autograd_support or not compile_data.is_grad_enabled):
+        return False
+    return any(isinstance(a, TensorProxy) and a.requires_grad for a in computation_trace.args)
+
+
 def _markers(tags) -> list[_Origin]:
     return [t for t in tags if isinstance(t, _Origin)]
 
@@ -174,11 +184,13 @@ def _attrs(bsym: BoundSymbol) -> tuple[tuple[str, object], ...]:
     return tuple(kept)
 
 
-def _op_tags(bsym: BoundSymbol) -> frozenset[str]:
+def _op_tags(bsym: BoundSymbol, work: FallbackWork | None) -> frozenset[str]:
     tags = set()
     sym_tags = bsym.sym.tags or ()
-    if _is_random(bsym):
+    if is_random(bsym) or any(m.is_random for m in _markers(bsym.tags)):  # executors may hide the draw
         tags.add("random")
+    if work is not None:
+        tags.add("fallback" if work.known else "fallback_unknown")
     if prims.OpTags.DONT_RECOMPUTE_IN_BACKWARD in sym_tags:
         tags.add("dont_recompute")
     if prims.OpTags.MATMUL_OP in sym_tags:
@@ -195,6 +207,10 @@ def _tag_units(bsym: BoundSymbol) -> tuple[str, ...]:
 
 
 def _op_node(bsym: BoundSymbol, name: str, is_backward: bool, index: int, members=()) -> g.OpNode:
+    work = fallback_work(bsym)
+    attrs = _attrs(bsym)
+    if work is not None and work.known:
+        attrs = (*attrs, ("torch_function", work.torch_function), (COUNTED_FLOPS_ATTR, work.flops))
     return g.OpNode(
         name=name,
         symbol=bsym.sym.name,
@@ -202,10 +218,11 @@ def _op_node(bsym: BoundSymbol, name: str, is_backward: bool, index: int, member
         index=index,
         inputs=tuple(p.name for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)),
         outputs=tuple(p.name for p in _tensor_outs(bsym)),
-        attrs=_attrs(bsym),
+        attrs=attrs,
         members=tuple(members),
-        op_tags=_op_tags(bsym),
+        op_tags=_op_tags(bsym, work),
         tag_units=() if is_backward else _tag_units(bsym),
+        workspace_bytes=work.workspace_bytes if work is not None else 0,
     )
 
 
@@ -286,6 +303,7 @@ def build_joint_graph(
         name: _classify_saved(proxy, bsym, input_names, output_names) for name, (bsym, proxy) in producer_bsyms.items()
     }
     saved_nodes = tuple(origins.get(p.name) or _classify_saved(p, None, input_names, output_names) for p in saved)
+    notes = {**tracker.notes, **{note: 1 for note, _ in fallback_notes([op for _, op in fwd_ops + bwd_ops])}}
     return g.JointGraph(
         ops=tuple(op for _, op in fwd_ops + bwd_ops),
         tensors=tracker.tensor_nodes(),
@@ -294,8 +312,37 @@ def build_joint_graph(
         input_names=tuple(p.name for p in input_proxies),
         forward_output_names=tuple(p.name for p in outputs),
         executors=executors,
-        notes=tuple(f"{note} (x{count})" if count > 1 else note for note, count in tracker.notes.items()),
+        notes=tuple(f"{note} (x{count})" if count > 1 else note for note, count in notes.items()),
     )
+
+
+def fallback_notes(ops) -> list[tuple[str, bool]]:
+    """What the plan cannot see in ops Thunder runs through its generic torch fallback: one
+    ``(note, warn)`` per such op; `warn` when the plan or the gradient cannot be trusted there."""
+    notes = []
+    for op in ops:
+        function = dict(op.attrs).get("torch_function", op.symbol)
+        where = f"{op.name} ({op.symbol})"
+        if "fallback_unknown" in op.op_tags:
+            notes.append((
+                f"{where} runs through Thunder's torch fallback and could not be run on fake tensors: "
+                "its cost is a guess, its workspace unknown, and it is never recomputed",
+                True,
+            ))
+        elif "fallback" in op.op_tags and op.is_backward and "random" in op.op_tags:
+            notes.append((
+                f"{where}: Thunder's fallback vjp re-runs random {function} in the backward and draws "
+                "new numbers: its gradient can differ from eager and the RNG state moves on, whatever the "
+                "plan (a Thunder limitation)",
+                True,
+            ))
+        elif "fallback" in op.op_tags and op.is_backward:
+            notes.append((
+                f"{where}: Thunder's fallback vjp re-runs {function} in the backward "
+                f"({op.workspace_bytes:,} B workspace, counted in the peak)",
+                False,
+            ))
+    return notes
 
 
 def _cotangents(backward_trace: TraceCtx) -> list[TensorProxy]:
@@ -325,7 +372,8 @@ class GraphCapture(Transform):
     def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
         executors_list = kwargs.get("executors_list") or thunder.get_default_executors()
         self.computation_trace = computation_trace
-        self.forward_trace, self.backward_trace = dry_run(computation_trace, executors_list)
+        if needs_backward(computation_trace):
+            self.forward_trace, self.backward_trace = dry_run(computation_trace, executors_list)
         if self.backward_trace is None:
             raise ValueError("no backward: no input or parameter requires grad, nothing is saved for backward")
         names = tuple(ex.name for ex in executors_list if not ex.name.startswith("__ad_hoc"))

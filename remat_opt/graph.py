@@ -77,6 +77,8 @@ class OpNode:
         tag_units: (forward ops) the tag targets whose ``RECOMPUTE_IN_BACKWARD`` tag makes Thunder
             re-run this op, shallowest pre-autodiff ancestor first. Tagging target X recomputes
             every forward op with X in its `tag_units` (the needed ones): that set is X's unit.
+        workspace_bytes: bytes the op allocates beyond its outputs, alive only while it runs (the
+            forward outputs a fallback op's vjp rebuilds); 0 for most ops.
     """
 
     name: str
@@ -89,6 +91,7 @@ class OpNode:
     members: tuple[OpNode, ...] = ()
     op_tags: frozenset[str] = frozenset()
     tag_units: tuple[str, ...] = ()
+    workspace_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 from remat_opt.graph import JointGraph
 
 ENV_VAR = "REMAT_OPT_GRAPH_CACHE"
-_SOURCES = ("extract.py", "storage.py", "graph.py", "deepen.py", "layers.py", "models.py", "model_graphs.py",
+_SOURCES = ("extract.py", "storage.py", "op_semantics.py", "graph.py", "deepen.py", "layers.py", "models.py", "model_graphs.py",
             "executors/sdpa_cpu.py")  # fmt: skip
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import os
 import sys
 from dataclasses import dataclass
@@ -28,7 +29,9 @@ class ModelSpec:
 
     Attributes:
         name: a litgpt config name (``"Llama-2-7b-hf"``) or ``"package.module:factory"``; a factory
-            takes no required arguments and returns ``(model, example_inputs_tuple)``.
+            returns ``(model, example_inputs_tuple)``; it is called with ``device`` if it takes it,
+            and with the options of ``n_layer``, ``seq``, ``batch``, ``dtype`` (a ``torch.dtype``)
+            the user set (`factory_kwargs`), keeping its own defaults for the rest.
         n_layer: override the number of layers (litgpt only).
         seq: sequence length of the example input (litgpt only; default: 128 capped by the config).
         batch: micro-batch size (litgpt only).
@@ -115,26 +118,84 @@ def build_litgpt(spec: ModelSpec):
     return model, (idx,)
 
 
-def build_factory(spec: ModelSpec):
-    """Calls ``module:factory`` and checks that it returned ``(model, inputs)``."""
-    module_name, _, attr = spec.name.partition(":")
+FACTORY_OPTIONS = ("n_layer", "seq", "batch", "dtype", "device")
+
+
+def load_factory(name: str):
+    """The callable named ``module:factory`` (modules of the working directory included)."""
+    module_name, _, attr = name.partition(":")
     if os.getcwd() not in sys.path:  # like `python -m`, find modules of the working directory
         sys.path.insert(0, os.getcwd())
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ModelSpecError(f"cannot load factory {spec.name!r}: {e}") from e
-    result = factory()
+        return getattr(importlib.import_module(module_name), attr)
+    except Exception as e:  # ImportError, AttributeError, or the module's own failure on import
+        raise ModelSpecError(f"cannot load factory {name!r}: {type(e).__name__}: {e}") from e
+
+
+def factory_kwargs(spec: ModelSpec, given: frozenset[str] = frozenset()) -> dict:
+    """The keyword arguments `build_factory` passes: ``device`` if the factory takes it, and the
+    options the user set (`given`), each of which the factory must take.
+
+    Args:
+        spec: names a ``module:factory``.
+        given: options the user set explicitly.
+
+    Raises:
+        ModelSpecError: a given option the factory does not take, or a required parameter the spec
+            cannot fill.
+    """
+    factory = load_factory(spec.name)
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    values = {"n_layer": spec.n_layer, "seq": spec.seq, "batch": spec.batch, "dtype": DTYPES.get(spec.dtype),
+              "device": spec.device}
+    wanted = {k for k in values if k in given or k == "device"}
+    kwargs = {k: values[k] for k in FACTORY_OPTIONS if k in wanted and (takes_any or k in params)}
+    taken = ", ".join(p for p in params if p in FACTORY_OPTIONS) or "none of them"
+    ignored = sorted(k for k in given if k not in kwargs)
+    if ignored:
+        flags = ", ".join("--" + k.replace("_", "-") for k in ignored)
+        raise ModelSpecError(f"factory {spec.name!r} takes no {flags} (of {', '.join(FACTORY_OPTIONS)} it takes "
+                             f"{taken}); set it in the factory or drop the option")
+    required = [n for n, p in params.items() if p.default is inspect.Parameter.empty and n not in kwargs
+                and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    if required:
+        raise ModelSpecError(f"factory {spec.name!r} needs {', '.join(required)}; it is called with keyword "
+                             f"arguments among {', '.join(FACTORY_OPTIONS)} only: give the others defaults")
+    return kwargs
+
+
+def describe_model(spec: ModelSpec, given: frozenset[str] = frozenset()) -> dict:
+    """What was built, without guessing: a litgpt spec's fields, or a factory's name and the
+    arguments it was called with (its own defaults are not known here)."""
+    if ":" not in spec.name:
+        return {k: getattr(spec, k) for k in ModelSpec.__slots__}
+    kwargs = factory_kwargs(spec, given)
+    return {"name": spec.name, **{k: str(v).removeprefix("torch.") for k, v in kwargs.items()}}
+
+
+def build_factory(spec: ModelSpec, given: frozenset[str] = frozenset()):
+    """Calls ``module:factory`` with `factory_kwargs` and checks that it returned ``(model, inputs)``."""
+    kwargs = factory_kwargs(spec, given)
+    try:
+        result = load_factory(spec.name)(**kwargs)
+    except Exception as e:
+        raise ModelSpecError(f"factory {spec.name!r} raised {type(e).__name__}: {e}") from e
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], tuple)):
         raise ModelSpecError(f"factory {spec.name!r} must return (model, example_inputs_tuple)")
     return result
 
 
-def build_model(spec: ModelSpec):
-    """Returns ``(model, example_inputs)`` for `spec`; raises `ModelSpecError` on bad input."""
+def build_model(spec: ModelSpec, given: frozenset[str] = frozenset()):
+    """Returns ``(model, example_inputs)`` for `spec`; raises `ModelSpecError` on bad input.
+
+    `given`: the options the user set explicitly (a factory must take each of them)."""
     check_spec(spec)
     if ":" in spec.name:
-        return build_factory(spec)
+        return build_factory(spec, given)
     return build_litgpt(spec)
 
 

@@ -187,7 +187,7 @@ def storage_bytes_of(graph: JointGraph, names: Iterable[str]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class PeakTimeline:
-    """Live bytes of one step after each op's outputs are allocated.
+    """Live bytes of one step after each op's outputs are allocated (its workspace included).
 
     Attributes:
         baseline_bytes: inputs and parameters (always alive).
@@ -253,7 +253,7 @@ def _simulate_forward(graph: JointGraph, saved: set[str], live: _Live, events: l
             storage = tensors[out].storage
             if tensors[storage].kind != "input":
                 live.add(out, storage, tensors[storage].storage_bytes)
-        events.append((op.name, live.total))
+        events.append((op.name, live.total + op.workspace_bytes))
         for name in dict.fromkeys((*op.inputs, *op.outputs)):
             if last[name] == i and name not in keep:
                 live.remove(name)
@@ -315,7 +315,7 @@ def _simulate_backward(graph: JointGraph, derivation: Derivation, live: _Live, e
                 continue
             keys[out] = _backward_key(graph, out, op, recompute, keys)
             live.add(out, keys[out], tensors[tensors[out].storage].storage_bytes)
-        events.append((f"recompute:{op.name}" if recompute else op.name, live.total))
+        events.append((f"recompute:{op.name}" if recompute else op.name, live.total + op.workspace_bytes))
         for name in dict.fromkeys((*op.inputs, *op.outputs)):
             if last.get(name, k) == k and (name in last or recompute):
                 live.remove(name)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict
 
 from remat_opt.graph import JointGraph, OpNode
 
@@ -82,11 +81,12 @@ def top_saved(graph: JointGraph, top: int) -> list[dict]:
     return sorted(by_storage.values(), key=lambda r: (-r["bytes"], r["name"]))[:top]
 
 
-def inspect_report(graph: JointGraph, *, spec=None, analysis_s: float | None = None, top: int = 10) -> dict:
-    """Everything `remat-opt inspect` prints, as JSON-ready data."""
+def inspect_report(graph: JointGraph, *, model: dict | None = None, analysis_s: float | None = None,
+                   top: int = 10) -> dict:
+    """Everything `remat-opt inspect` prints, as JSON-ready data (`model`: `models.describe_model`)."""
     input_storages = {graph.tensors[n].storage for n in graph.saved_names if graph.is_input_storage(n)}
     return {
-        "model": asdict(spec) if spec is not None else None,
+        "model": model,
         "executors": list(graph.executors),
         "saved_tensors": len(graph.saved),
         "saved_activation_bytes": graph.saved_activation_bytes,
@@ -108,13 +108,18 @@ def render_table(rows: list[list[str]], header: list[str]) -> list[str]:
     return [fmt.format(*header), *(fmt.format(*map(str, r)) for r in rows)]
 
 
+def format_model(description: dict) -> str:
+    """``Llama-2-7b-hf n_layer=2 seq=128 batch=1 float32 on meta`` from `remat_opt.models.describe_model`."""
+    sizes = " ".join(f"{k}={description[k]}" for k in ("n_layer", "seq", "batch") if k in description)
+    text = " ".join(p for p in (description.get("name", "?"), sizes, description.get("dtype", "")) if p)
+    return text + (f" on {description['device']}" if "device" in description else "")
+
+
 def render_inspect(report: dict) -> str:
     """Human-readable `remat-opt inspect` output."""
     total = report["saved_activation_bytes"]
-    model = report["model"] or {}
     lines = [
-        f"{model.get('name', '?')}: n_layer={model.get('n_layer')} seq={model.get('seq')} "
-        f"batch={model.get('batch')} {model.get('dtype')} on {model.get('device')}",
+        format_model(report["model"] or {}),
         f"executors: {', '.join(report['executors'])}",
         f"saved for backward: {format_bytes(total)} of activations in "
         f"{report['saved_activation_storages']} storages ({report['saved_tensors']} tensors), "

@@ -24,7 +24,8 @@ from remat_opt.planning import PlanRequest, PlannedStep, plan_step  # noqa: E402
 # The plan behind each computation trace CostRemat returned. Thunder keeps that trace in its cache
 # entry and reports it again on every cache hit (`thunder.last_traces`), so `explain(jitted)` finds
 # the plan of the compilation that ran last, whichever function or transform instance made it.
-_PLANS: weakref.WeakKeyDictionary[TraceCtx, PlannedStep] = weakref.WeakKeyDictionary()
+_PLANS: weakref.WeakKeyDictionary[TraceCtx, PlannedStep | None] = weakref.WeakKeyDictionary()
+_NO_BACKWARD = None  # the value `_PLANS` keeps for a compilation that computes no gradient
 
 
 def _proxies_by_name(trace: TraceCtx) -> dict[str, list[TensorProxy]]:
@@ -132,6 +133,8 @@ class CostRemat(Transform):
                 "CostRemat: auto_recompute_intermediates=True is ignored; the plan decides what is recomputed",
                 stacklevel=2,
             )
+        if not extract.needs_backward(computation_trace):  # no_grad, frozen, integer inputs: nothing to plan
+            return prologue_trace, _recorded(computation_trace, _NO_BACKWARD), epilogue_trace
         # RECOMPUTE_IN_BACKWARD tags already on the trace (torch.utils.checkpoint regions, a user's
         # own tags) are honoured: the dry run sees them, so the plan only adds to them.
         # ad hoc executors are named after their id(), which changes from one jit to the next
@@ -140,20 +143,31 @@ class CostRemat(Transform):
         step = self._cache.get(key)
         if step is None:
             forward_trace, backward_trace = extract.dry_run(computation_trace, executors_list)
+            if backward_trace is None:
+                return prologue_trace, _recorded(computation_trace, _NO_BACKWARD), epilogue_trace
             graph = extract.build_joint_graph(forward_trace, backward_trace, names)
             step = plan_step(graph, self.request)
             self._cache[key] = step
+            for note, warn in extract.fallback_notes(graph.ops):
+                if warn:
+                    warnings.warn(f"CostRemat: {note}", stacklevel=2)
         else:
             step = step.as_cached()
         apply_recompute_tags(computation_trace, step.plan.recomputed_tag_targets)
-        new_trace = from_trace(computation_trace)
-        new_trace.bound_symbols = list(computation_trace.bound_symbols)
-        new_trace.set_provenance(TraceProvenance(f"CostRemat ({step.plan.summary()})"))
-        _PLANS[new_trace] = step
-        return prologue_trace, new_trace, epilogue_trace
+        return prologue_trace, _recorded(computation_trace, step), epilogue_trace
 
     def __repr__(self) -> str:
         return f"CostRemat({self.request.describe()})"
+
+
+def _recorded(computation_trace: TraceCtx, step: PlannedStep | None) -> TraceCtx:
+    """A copy of the trace, with its provenance, that `explain` finds `step` by (None: no gradient)."""
+    new_trace = from_trace(computation_trace)
+    new_trace.bound_symbols = list(computation_trace.bound_symbols)
+    summary = step.plan.summary() if step is not None else "no gradient computed: nothing planned"
+    new_trace.set_provenance(TraceProvenance(f"CostRemat ({summary})"))
+    _PLANS[new_trace] = step
+    return new_trace
 
 
 def last_planned_step(jitted) -> PlannedStep:
@@ -177,6 +191,11 @@ def last_planned_step(jitted) -> PlannedStep:
     steps = [_PLANS[t] for t in traces or () if t in _PLANS]
     if not steps:
         raise ValueError("explain(): nothing compiled yet; call the jitted function once first")
+    if steps[-1] is _NO_BACKWARD:
+        raise ValueError(
+            "explain(): the latest call computed no gradient (torch.no_grad, a frozen model or only "
+            "integer inputs), so nothing was planned; call it once with gradients to see a plan"
+        )
     return steps[-1]
 
 

@@ -34,7 +34,7 @@ def test_inspect_text_output(capsys):
         (["inspect", "factories:mixed_devices"], "several devices (cpu, meta)"),
         (["inspect", "factories:not_a_pair"], "must return (model, example_inputs_tuple)"),
         (["inspect", "factories:missing"], "cannot load factory"),
-        (["inspect", "Llama-2-7b-hf", "--seq", "0"], "seq must be a positive integer"),
+        (["inspect", "Llama-2-7b-hf", "--seq", "0"], "argument --seq: must be at least 1, got 0"),
         (["inspect", *TINY, "--traced-layers", "2"], "traced_layers must be 0 (all) or at least 3, got 2"),
         (["inspect", "factories:broken", "--traced-layers", "4"], "--traced-layers needs a litgpt config name"),
     ],
@@ -52,10 +52,10 @@ def test_bad_input_gets_one_line_error(argv, message, capsys):
 
 def test_deep_configs_on_meta_are_traced_shallow_and_extended(capsys):
     # the config of test_deepen's Llama-2 case: within one run, its traced graphs are cached and shared
-    argv = ["inspect", "Llama-2-7b-hf", "--tiny", "--n-layer", "5", "--json"]
-    assert main(argv) == 0
+    argv = ["inspect", "Llama-2-7b-hf", "--tiny", "--n-layer", "4", "--json"]
+    assert main([*argv, "--traced-layers", "3"]) == 0
     extended = json.loads(capsys.readouterr().out)
-    assert "Llama-2-7b-hf: traced 4 of 5 layers" in " ".join(extended["notes"])
+    assert "Llama-2-7b-hf: traced 3 of 4 layers" in " ".join(extended["notes"])
     assert main([*argv, "--traced-layers", "0"]) == 0
     direct = json.loads(capsys.readouterr().out)
     assert not any("traced" in note for note in direct["notes"])
@@ -83,3 +83,87 @@ def test_graph_cache_serves_the_same_graph_and_retraces_a_broken_entry(tmp_path,
     other = ["inspect", "Llama-2-7b-hf", "--tiny", "--n-layer", "1", "--seq", "16", "--device", "meta", "--json"]
     assert main(other) == 0
     assert len(list(tmp_path.glob("*.pkl"))) == 2  # another spec, another entry
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["inspect", *TINY[:-2], "--device", "nonsense"], "argument --device: unknown device 'nonsense'"),
+        (["inspect", *TINY, "--top", "-1"], "argument --top: must be at least 0, got -1"),
+        (["inspect", *TINY, "--n-layer", "two"], "argument --n-layer: 'two' is not an integer"),
+        (["profile", "factories:sized", "--threads", "0"], "argument --threads: must be at least 1, got 0"),
+        (["profile", "factories:sized", "--repeats", "0"], "argument --repeats: must be at least 1, got 0"),
+        (["plan", *TINY, "--device-spec", "h100", "--budget-gb", "nan"], "--budget-gb: must be finite"),
+        (["plan", *TINY, "--device-spec", "h100", "--budget-gb", "inf"], "--budget-gb: must be finite"),
+        (["plan", *TINY, "--device-spec", "h100", "--time-limit-s", "0"], "--time-limit-s: must be finite and positive"),
+        (["plan", *TINY, "--device-spec", "h100", "--budget-gb", "1e12"], "budget_gb"),
+        (["inspect", "factories:raising"], "factory 'factories:raising' raised RuntimeError: weights not found"),
+        (["inspect", "factories:needs_width"], "factory 'factories:needs_width' needs width"),
+        (["inspect", "factories:sized", "--n-layer", "7"],
+         "factory 'factories:sized' takes no --n-layer (of n_layer, seq, batch, dtype, device it takes batch, seq, device)"),
+        (["inspect", "factories:sized", "--tiny"], "takes no --tiny"),
+        (["pareto", *TINY, "--device-spec", "h100", "--out", "/proc/remat-opt-out"], "--out '/proc/remat-opt-out' is not writable"),
+        (["profile", "factories:sized", "-o", "/proc/table.json"], "--output '/proc/table.json' is not writable"),
+    ],
+    ids=["device", "top", "n-layer-word", "threads", "repeats", "nan-budget", "inf-budget", "time-limit",
+         "huge-budget", "factory-raises", "factory-needs-argument", "factory-option-ignored", "factory-tiny",
+         "unwritable-out", "unwritable-output"],
+)
+def test_every_bad_option_is_one_line_with_status_2(argv, message, capsys):
+    from factories import CALLS
+
+    CALLS.clear()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("remat-opt: error: ") and message in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "sized" not in CALLS  # refused before any model was built
+
+
+def test_factory_gets_the_options_it_takes_and_the_header_says_only_those(capsys):
+    assert main(["inspect", "factories:sized", "--seq", "4", "--batch", "3", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["model"] == {"name": "factories:sized", "seq": "4", "batch": "3", "device": "meta"}
+    assert report["saved_input_bytes"] == (3 * 4 * 16 + 16 * 16) * 4  # x and the weight: built with them
+    assert main(["inspect", "factories:sized", "--seq", "4", "--batch", "3"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "factories:sized seq=4 batch=3 on meta"
+
+
+def test_plan_title_names_the_device_it_costed_for(capsys):
+    assert main(["plan", "factories:sized", "--device", "cpu", "--summary"]) == 0
+    title = capsys.readouterr().out.splitlines()[0]
+    assert title.startswith("factories:sized on cpu, costed for cpu (nominal, uncalibrated);"), title
+
+
+def test_the_readme_cost_table_workflow_works_end_to_end(tmp_path, monkeypatch, capsys):
+    """`profile --threads 1` writes cost_tables/cpu.json; `plan --cost-table` reads it in a process
+    with another thread count (a warning, not a refusal); another machine's table needs
+    --allow-other-device, which exists."""
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    model = ["factories:sized", "--device", "cpu"]
+    try:
+        assert main(["profile", *model, "--threads", "1", "--warmup", "0", "--repeats", "1", "--no-progress"]) == 0
+        assert "wrote cost_tables/cpu.json" in capsys.readouterr().out
+    finally:
+        torch.set_num_threads(threads)
+    table = tmp_path / "cost_tables" / "cpu.json"
+    plan = ["plan", *model, "--cost-table", str(table), "--summary"]
+    torch.set_num_threads(2)
+    try:
+        with pytest.warns(UserWarning, match="measured with 1 CPU threads, this process uses 2"):
+            assert main(plan) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert "costed for cpu: " in capsys.readouterr().out
+
+    data = json.loads(table.read_text())
+    data["device"] = "cpu: another machine (64 cores visible)"
+    table.write_text(json.dumps(data))
+    assert main(plan) == 2
+    err = capsys.readouterr().err
+    assert "measured on 'cpu: another machine" in err and "--allow-other-device" in err and err.count("\n") == 1
+    with pytest.warns(UserWarning, match="using it anyway"):
+        assert main([*plan, "--allow-other-device"]) == 0

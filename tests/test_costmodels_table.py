@@ -6,6 +6,7 @@ import json
 import warnings
 
 import pytest
+import torch
 
 from costmodels.devices import CpuCalibration, current_device_name
 from costmodels.table import CostTable, CostTableError, TableEntry, library_versions, load_table, save_table
@@ -19,7 +20,7 @@ CALIBRATION = CpuCalibration(
     cache_bytes=1 << 20,
     launch_overhead_s=2e-6,
     view_overhead_s=1e-6,
-    threads=1,
+    threads=torch.get_num_threads(),  # as measured by this process: no thread-count warning
 )
 
 
@@ -133,3 +134,15 @@ def test_corrupt_fields_are_refused(tmp_path, mutate, pattern):
     mutate(data)
     with pytest.raises(CostTableError, match=pattern):
         load_table(_write(tmp_path, json.dumps(data)))
+
+
+def test_another_thread_count_warns_but_is_the_same_device(tmp_path):
+    """The thread count is recorded, not part of the device: a table profiled with --threads 1 is
+    used by a process with more threads, with a warning naming both counts."""
+    import dataclasses
+
+    table = dataclasses.replace(_table(), calibration=dataclasses.replace(CALIBRATION, threads=CALIBRATION.threads + 3))
+    path = save_table(table, tmp_path / "cpu.json")
+    with pytest.warns(UserWarning, match=f"measured with {CALIBRATION.threads + 3} CPU threads, this process uses "
+                                         f"{CALIBRATION.threads}"):
+        assert load_table(path) == table

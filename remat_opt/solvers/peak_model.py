@@ -74,6 +74,9 @@ class PeakModel:
                 _add_span(diff, start, end, tensors[storage].storage_bytes)
         for start, end, nbytes in const_spans:
             _add_span(diff, start, end, nbytes)
+        for event, op in enumerate((*graph.forward_ops, None, *graph.backward_ops)):
+            if op is not None and op.workspace_bytes:
+                _add_span(diff, event, event, op.workspace_bytes)
         baseline = sum(t.storage_bytes for t in tensors.values() if t.kind == "input" and t.storage == t.name)
         aliases: dict[str, list[str]] = {}
         for op in graph.forward_ops:
