@@ -92,7 +92,8 @@ class OpArgs:
         symbol: Thunder symbol name (``"linear"``, ``"cudnn_sdpa_fwd"``, ``"nvFusion0"``).
         inputs: tensor inputs in argument order (repeats kept).
         outputs: tensor outputs.
-        attrs: non-tensor arguments as ``(key, value)`` pairs (``"arg3"`` or a keyword name).
+        attrs: non-tensor arguments as ``(key, value)`` pairs (``"arg3"`` or a keyword name), and
+            annotations of the graph builder (keys starting with ``"@"``, e.g. `COUNTED_FLOPS_ATTR`).
         members: for fusion regions, the member ops.
     """
 
@@ -643,9 +644,11 @@ def fusion_cost(args: OpArgs) -> OpCost:
     )
 
 
-# Attribute a graph builder sets on an op it could count by running it (an op Thunder runs through
-# its generic torch fallback): the matrix FLOPs torch's flop counter found (0 for none).
-COUNTED_FLOPS_ATTR = "counted_flops"
+# Attributes whose key starts with "@" are annotations of the graph builder, not call arguments.
+ANNOTATION_PREFIX = "@"
+# On an op the graph builder could count by running it (an op Thunder runs through its generic torch
+# fallback): the matrix FLOPs torch's flop counter found (0 for none).
+COUNTED_FLOPS_ATTR = "@counted_flops"
 
 
 def fallback_cost(args: OpArgs) -> OpCost:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from costmodels.formulas import OpArgs, SDPA_FORMS, is_fusion_symbol
+from costmodels.formulas import ANNOTATION_PREFIX, OpArgs, SDPA_FORMS, is_fusion_symbol
 
 Builder = Callable[[OpArgs, list, dict, str], Callable[[], Any]]
 
@@ -60,8 +60,9 @@ def _torch_value(value: Any) -> Any:
 
 def split_attrs(args: OpArgs, tensors: list) -> tuple[list, dict]:
     """Positional and keyword arguments of the original call: attrs fill ``argN``, tensors the rest."""
-    positional = {int(k[3:]): v for k, v in args.attrs if k.startswith("arg") and k[3:].isdigit()}
-    kwargs = {k: _torch_value(v) for k, v in args.attrs if not (k.startswith("arg") and k[3:].isdigit())}
+    attrs = [(k, v) for k, v in args.attrs if not k.startswith(ANNOTATION_PREFIX)]
+    positional = {int(k[3:]): v for k, v in attrs if k.startswith("arg") and k[3:].isdigit()}
+    kwargs = {k: _torch_value(v) for k, v in attrs if not (k.startswith("arg") and k[3:].isdigit())}
     rest = iter(tensors)
     remaining = len(tensors)
     call_args: list = []

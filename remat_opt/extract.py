@@ -37,10 +37,12 @@ from thunder.core.symbol import BoundSymbol  # noqa: E402
 from thunder.core.trace import TraceCtx, from_trace  # noqa: E402
 from thunder.core.transform_common import Transform, dce  # noqa: E402
 
-from costmodels.formulas import COUNTED_FLOPS_ATTR  # noqa: E402
+from costmodels.formulas import ANNOTATION_PREFIX, COUNTED_FLOPS_ATTR  # noqa: E402
 from remat_opt import graph as g  # noqa: E402
 from remat_opt.op_semantics import FallbackWork, fallback_work, is_random  # noqa: E402
 from remat_opt.storage import StorageTracker  # noqa: E402
+
+TORCH_FUNCTION_ATTR = ANNOTATION_PREFIX + "torch_function"  # the torch function behind a fallback op
 
 # Bound symbols that only move values between Python containers; they are not ops of the graph.
 STRUCTURAL_SYMBOLS = frozenset(
@@ -210,7 +212,7 @@ def _op_node(bsym: BoundSymbol, name: str, is_backward: bool, index: int, member
     work = fallback_work(bsym)
     attrs = _attrs(bsym)
     if work is not None and work.known:
-        attrs = (*attrs, ("torch_function", work.torch_function), (COUNTED_FLOPS_ATTR, work.flops))
+        attrs = (*attrs, (TORCH_FUNCTION_ATTR, work.torch_function), (COUNTED_FLOPS_ATTR, work.flops))
     return g.OpNode(
         name=name,
         symbol=bsym.sym.name,
@@ -321,7 +323,7 @@ def fallback_notes(ops) -> list[tuple[str, bool]]:
     ``(note, warn)`` per such op; `warn` when the plan or the gradient cannot be trusted there."""
     notes = []
     for op in ops:
-        function = dict(op.attrs).get("torch_function", op.symbol)
+        function = dict(op.attrs).get(TORCH_FUNCTION_ATTR, op.symbol)
         where = f"{op.name} ({op.symbol})"
         if "fallback_unknown" in op.op_tags:
             notes.append((

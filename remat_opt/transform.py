@@ -11,14 +11,17 @@ from __future__ import annotations
 import hashlib
 import warnings
 import weakref
+from dataclasses import replace
 
 from remat_opt import _compat  # noqa: F401  (before thunder)
 from remat_opt import extract
 import thunder  # noqa: E402
+import torch  # noqa: E402
 from thunder.core.proxies import ProxyTag, TensorProxy  # noqa: E402
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace  # noqa: E402
 from thunder.core.transform_common import Transform  # noqa: E402
 
+from remat_opt.errors import InfeasibleBudgetError  # noqa: E402
 from remat_opt.planning import PlanRequest, PlannedStep, plan_step  # noqa: E402
 
 # The plan behind each computation trace CostRemat returned. Thunder keeps that trace in its cache
@@ -124,6 +127,8 @@ class CostRemat(Transform):
             time_limit_s=time_limit_s,
         )
         self._cache: dict[tuple, PlannedStep] = {}
+        # ThunderFX: the saved bytes of the latest plan of each Dynamo subgraph this transform planned
+        self._subgraph_saved_bytes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
         executors_list = kwargs.get("executors_list") or thunder.get_default_executors()
@@ -146,18 +151,79 @@ class CostRemat(Transform):
             if backward_trace is None:
                 return prologue_trace, _recorded(computation_trace, _NO_BACKWARD), epilogue_trace
             graph = extract.build_joint_graph(forward_trace, backward_trace, names)
-            step = plan_step(graph, self.request)
+            step = self._plan(graph, _thunderfx_subgraph())
             self._cache[key] = step
             for note, warn in extract.fallback_notes(graph.ops):
                 if warn:
                     warnings.warn(f"CostRemat: {note}", stacklevel=2)
         else:
             step = step.as_cached()
+        if (subgraph := _thunderfx_subgraph()) is not None:
+            self._subgraph_saved_bytes[subgraph] = step.plan.saved_bytes + _carried_activation_bytes(subgraph, step.graph)
         apply_recompute_tags(computation_trace, step.plan.recomputed_tag_targets)
         return prologue_trace, _recorded(computation_trace, step), epilogue_trace
 
+    def _plan(self, graph, subgraph) -> PlannedStep:
+        """Plans one compilation. Under ThunderFX the model's budget is shared by Dynamo's subgraphs:
+        each is planned, in the order they first run (the forward order), under the budget less the
+        bytes the other subgraphs' plans save (all of them are alive together at the start of the
+        backward). Exact for `activation_budget_gb`; for `budget_gb` the other subgraphs' saved bytes
+        are taken off this subgraph's peak budget, a bound that ignores their transients."""
+        if subgraph is None:
+            return plan_step(graph, self.request)
+        other_bytes = [b for g, b in self._subgraph_saved_bytes.items() if g is not subgraph]
+        others, carried = sum(other_bytes), _carried_activation_bytes(subgraph, graph)
+        taken = {"peak_budget_bytes": others, "activation_budget_bytes": others + carried}
+        budgets = {name: getattr(self.request, name) for name in taken if getattr(self.request, name) is not None}
+        note = (f"CostRemat under ThunderFX: {len(other_bytes)} other Dynamo subgraph(s) of this model, planned "
+                f"first, save {others:,} B, and this one saves {carried:,} B of activations it receives")
+        short = [n for n, b in budgets.items() if taken[n] > b]
+        if short:  # the budget is gone before this subgraph: say how much it needs in all
+            error = InfeasibleBudgetError(_KIND[short[0]], budgets[short[0]],
+                                          taken[short[0]] + _least_bytes(graph, self.request, short[0]), in_gb=True)
+            error.add_note(note)
+            raise error
+        try:
+            return plan_step(graph, replace(self.request, **{n: b - taken[n] for n, b in budgets.items()}))
+        except InfeasibleBudgetError as e:
+            e.add_note(note)
+            raise
+
     def __repr__(self) -> str:
         return f"CostRemat({self.request.describe()})"
+
+
+_KIND = {"peak_budget_bytes": "peak_budget_bytes", "activation_budget_bytes": "budget_bytes"}
+
+
+def _least_bytes(graph, request: PlanRequest, name: str) -> int:
+    """The smallest budget `name` any plan of `graph` meets on its own."""
+    try:
+        plan = plan_step(graph, replace(request, **{name: 0})).plan
+    except InfeasibleBudgetError as e:
+        return e.minimum
+    return plan.peak_bytes if name == "peak_budget_bytes" else plan.saved_bytes
+
+
+def _carried_activation_bytes(subgraph, graph) -> int:
+    """Bytes of the inputs of a ThunderFX subgraph that it saves and that are activations of the
+    model (computed by an earlier subgraph: Dynamo's example value has a ``grad_fn``); the plan
+    counts them as inputs, but without this subgraph they would be freed after the forward."""
+    carried = set()
+    for node in subgraph.graph.nodes:
+        example = getattr(node.meta.get("grapharg"), "example", None) if node.op == "placeholder" else None
+        if isinstance(example, torch.Tensor) and example.grad_fn is not None:
+            carried.add(node.name)
+    return graph.storage_bytes([n for n in graph.saved_names if n in carried])
+
+
+def _thunderfx_subgraph():
+    """The fx GraphModule being compiled when ThunderFX (``thunder.dynamo``) compiles one of its
+    subgraphs, else None."""
+    from thunder.core.compile_data import get_compile_data
+
+    fn = getattr(get_compile_data(), "fn", None)
+    return fn if isinstance(fn, torch.fx.GraphModule) else None
 
 
 def _recorded(computation_trace: TraceCtx, step: PlannedStep | None) -> TraceCtx:

@@ -62,3 +62,60 @@ def test_nothing_changes_where_every_method_exists():
     methods = {name: getattr(torch.Tensor, name) for name in NAMED_TENSOR_METHODS}
     assert ensure_thunder_importable() == []
     assert {name: getattr(torch.Tensor, name) for name in NAMED_TENSOR_METHODS} == methods
+
+
+def test_thunderfx_step_is_applied_only_where_the_interpreter_lacks_a_keys_view_len():
+    import types
+
+    from thunder.core import interpreter
+    from thunder.dynamo.compiler import ThunderCompiler
+
+    from remat_opt._compat import THUNDERFX_PATCHED, ensure_thunderfx_recompiles, interpreter_lacks_keys_view_len
+
+    assert THUNDERFX_PATCHED == interpreter_lacks_keys_view_len(interpreter)
+    if THUNDERFX_PATCHED:
+        assert ThunderCompiler.__call__._remat_opt_recompiles
+    assert not ensure_thunderfx_recompiles()  # a second call is a no-op
+
+    class Compiler:
+        def __call__(self, gm, sample_args):
+            return gm
+
+    fixed = types.SimpleNamespace(MappingKeysView=type("MappingKeysView", (), {"__len__": lambda self: 0}))
+    assert not ensure_thunderfx_recompiles(Compiler, fixed)  # Thunder fixed: nothing to do
+    assert "_remat_opt_recompiles" not in vars(Compiler.__call__)
+    broken = types.SimpleNamespace(MappingKeysView=type("MappingKeysView", (), {}))
+    assert ensure_thunderfx_recompiles(Compiler, broken)
+    assert Compiler.__call__.__wrapped__ is not None
+
+
+def test_lazy_graph_modules_are_recompiled_outside_thunders_interpreter():
+    from torch.fx._lazy_graph_module import _LazyGraphModule, _use_lazy_graph_module
+
+    from remat_opt._compat import recompile_lazy_graph_modules
+
+    with _use_lazy_graph_module(True):
+        gm = _LazyGraphModule(torch.nn.Module(), torch.fx.symbolic_trace(lambda x: x.sin() + 1).graph)
+    outer = torch.nn.Sequential(gm)
+    assert gm._needs_recompile()
+    assert recompile_lazy_graph_modules(outer) == 1
+    assert not gm._needs_recompile() and recompile_lazy_graph_modules(outer) == 0
+    torch.testing.assert_close(gm(torch.zeros(2)), torch.ones(2))
+
+
+def test_thunderfx_runs_and_matches_eager():
+    """The ThunderFX failure on torch 2.13 (`MappingKeysView has no len()`) is gone."""
+    from thunder.dynamo import ThunderCompiler
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
+    x = torch.randn(2, 8)
+    try:
+        torch.compile(mlp, backend=ThunderCompiler())(x).sum().backward()
+    finally:
+        torch._dynamo.reset()
+    grads = [p.grad for p in mlp.parameters()]
+    mlp.zero_grad(set_to_none=True)
+    mlp(x).sum().backward()
+    for got, p in zip(grads, mlp.parameters()):
+        torch.testing.assert_close(got, p.grad)

@@ -286,36 +286,73 @@ def test_explain_refuses_what_it_cannot_explain():
         explain(not_called)
 
 
-def _thunderfx_works() -> str | None:
-    """None if Thunder's Dynamo backend runs a plain MLP on this torch, else the error."""
-    from thunder.dynamo import ThunderCompiler
-
-    mlp = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
-    try:
-        torch.compile(mlp, backend=ThunderCompiler())(torch.randn(2, 8)).sum().backward()
-    except Exception as e:  # the probe reports why ThunderFX is unusable here
-        return f"{type(e).__name__}: {str(e).splitlines()[0]}"
-    finally:
-        torch._dynamo.reset()
-    return None
-
-
 def test_thunderfx_trains_with_cost_remat():
-    """`dynamo_thunder` mode: every Thunder subgraph Dynamo produces is planned by the transform."""
-    problem = _thunderfx_works()
-    if problem is not None:
-        pytest.skip(f"thunder.dynamo.ThunderCompiler fails on this torch even without CostRemat: {problem}")
+    """`dynamo_thunder` mode: every Thunder subgraph Dynamo produces is planned by the transform
+    (on torch 2.13 this needs `_compat`'s ThunderFX step)."""
     from thunder.dynamo import ThunderCompiler
 
     budget = budget_bytes("Llama-2-7b-hf")["50%"]
     transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
     model, inputs = _model("Llama-2-7b-hf")
     backend = ThunderCompiler(transforms=[transform], executors=executor_list("fused"))
-    torch.compile(model, backend=backend)(*inputs).float().sum().backward()
+    try:
+        measured = measure_saved_bytes(torch.compile(model, backend=backend), *inputs)
+        measured.output.float().sum().backward()
+    finally:
+        torch._dynamo.reset()
     steps = list(transform._cache.values())  # one plan per Thunder subgraph Dynamo produced
-    assert steps and all(step.plan.saved_bytes <= budget for step in steps)
+    assert steps and sum(step.plan.saved_bytes for step in steps) <= budget
+    assert any(step.plan.recompute_ops for step in steps), "50% of save-all must force recomputation"
+    assert measured.activation_bytes <= budget
     for (name, p), (_, expected) in zip(model.named_parameters(), _eager_grads("Llama-2-7b-hf").items()):
         torch.testing.assert_close(p.grad, expected, msg=name)
+
+
+class _TwoDynamoGraphs(torch.nn.Module):
+    """A graph break makes Dynamo hand ThunderFX two graphs; `h` crosses from the first to the second."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.a(x)).sin().cos()
+        torch._dynamo.graph_break()
+        return torch.nn.functional.gelu(self.b(h)).tanh().exp().sum()
+
+
+def _thunderfx_step(budget_bytes: int | None):
+    from thunder.dynamo import ThunderCompiler
+
+    model, x = _TwoDynamoGraphs(), torch.randn(32, 64)
+    transform = CostRemat(activation_budget_gb=None if budget_bytes is None else budget_bytes / 1e9, device_spec="cpu")
+    try:
+        measured = measure_saved_bytes(torch.compile(model, backend=ThunderCompiler(transforms=[transform])), x)
+        measured.output.backward()
+    finally:
+        torch._dynamo.reset()
+    return model, x, transform, measured
+
+
+def test_thunderfx_splits_one_budget_across_dynamo_subgraphs():
+    *_, save_all = _thunderfx_step(None)
+    budget = int(0.6 * save_all.activation_bytes)
+    model, x, transform, measured = _thunderfx_step(budget)
+    assert len(transform._subgraph_saved_bytes) == 2  # two Dynamo subgraphs shared the budget
+    assert measured.activation_bytes == sum(transform._subgraph_saved_bytes.values()) <= budget
+    assert any(step.plan.recompute_ops for step in transform._cache.values())
+    grads = [p.grad for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    model(x).backward()
+    for got, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(got, p.grad)
+
+
+def test_thunderfx_budget_spent_by_earlier_subgraphs_is_a_clear_error():
+    with pytest.raises(InfeasibleBudgetError, match="below the minimum feasible") as info:
+        _thunderfx_step(40_000)  # the first subgraph takes 32,768 B; the second receives 8,192 B it must save
+    assert "other Dynamo subgraph(s) of this model, planned first, save 32,768 B" in "\n".join(info.value.__notes__)
 
 
 class CheckpointedMLP(torch.nn.Module):
