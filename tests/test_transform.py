@@ -389,3 +389,24 @@ def test_checkpoint_regions_are_honoured():
     eager(x).sum().backward()
     for (name, p), (_, q) in zip(eager.named_parameters(), model.named_parameters()):
         torch.testing.assert_close(q.grad, p.grad, msg=name)
+
+
+@pytest.mark.parametrize("case", ["no_grad", "frozen", "integer_inputs"])
+def test_calls_without_gradients_pass_through_and_plan_nothing(case):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 8)
+    if case == "frozen":
+        linear.requires_grad_(False)
+    fn, x = (lambda a: a * 2 + 1, torch.arange(4)) if case == "integer_inputs" else (linear, torch.randn(2, 8))
+    jitted = thunder.jit(fn, transforms=[CostRemat(activation_budget_gb=0.0, device_spec="cpu")])
+    if case == "no_grad":
+        with torch.no_grad():
+            out = jitted(x)
+    else:
+        out = jitted(x)
+    torch.testing.assert_close(out, fn(x).detach())
+    with pytest.raises(ValueError, match="the latest call computed no gradient"):
+        explain(jitted)
+    if case == "no_grad":  # the next call, with gradients, is planned
+        jitted(x).sum().backward()
+        assert explain(jitted).rows and linear.weight.grad is not None
