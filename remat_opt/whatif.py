@@ -121,6 +121,7 @@ class Sweep:
 
 SWEEP_POINTS_ENV = "REMAT_OPT_WHATIF_POINTS"
 TIME_LIMIT_ENV = "REMAT_OPT_WHATIF_TIME_LIMIT_S"
+TRACED_LAYERS_ENV = "REMAT_OPT_WHATIF_TRACED_LAYERS"
 
 
 def _env_number(name: str, default: str, minimum: float, kind=int):
@@ -137,6 +138,14 @@ def _env_number(name: str, default: str, minimum: float, kind=int):
 def default_sweep_points() -> int:
     """Budgets per sweep: 8, or ``REMAT_OPT_WHATIF_POINTS`` (the test suite runs the notebook with 2)."""
     return _env_number(SWEEP_POINTS_ENV, "8", 2)
+
+
+def model_graph(name: str, **kwargs) -> JointGraph:
+    """`remat_opt.model_graphs.analyze_model` with 4 traced layers, or ``REMAT_OPT_WHATIF_TRACED_LAYERS``
+    (the test suite runs the notebook with 3, the fewest that extend exactly: `tests/test_deepen.py`)."""
+    from remat_opt.model_graphs import analyze_model
+
+    return analyze_model(name, traced_layers=_env_number(TRACED_LAYERS_ENV, "4", 3), **kwargs)
 
 
 def ilp_options() -> ILPOptions:

@@ -4,7 +4,8 @@ A cell that raises fails the test (nbclient's `CellExecutionError`): nothing is 
 The kernel is the ``python3`` kernel of the interpreter running the tests (the project's venv).
 `what_if.ipynb` traces three models on meta and plans them; the suite runs its sweeps with 2
 budgets each (least peak, save-all) and a 1 s solver limit (``REMAT_OPT_WHATIF_POINTS=2``,
-``REMAT_OPT_WHATIF_TIME_LIMIT_S=1``; every cell still runs) to keep it under two minutes on 2 cores; the README's figures come from the
+``REMAT_OPT_WHATIF_TIME_LIMIT_S=1``, 3 traced layers with ``REMAT_OPT_WHATIF_TRACED_LAYERS=3``;
+every cell still runs) to keep it under two minutes on 2 cores; the README's figures come from the
 defaults (8 budgets, 10 s).
 """
 
@@ -42,6 +43,7 @@ def test_notebook_is_committed_without_outputs(name):
 def test_notebook_executes(name, monkeypatch):
     monkeypatch.setenv("REMAT_OPT_WHATIF_POINTS", "2")  # the kernel inherits this process's environment
     monkeypatch.setenv("REMAT_OPT_WHATIF_TIME_LIMIT_S", "1")
+    monkeypatch.setenv("REMAT_OPT_WHATIF_TRACED_LAYERS", "3")
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
     client = nbclient.NotebookClient(
         notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
