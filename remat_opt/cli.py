@@ -108,7 +108,7 @@ def add_model_arguments(
         choices=EXECUTOR_CHOICES,
         default="fused-sdpa",
         help="fused-sdpa (default: CPU/meta traces look like GPU traces), default (Thunder's), "
-        "torch-compile (TorchCompile fusion regions on CPU)",
+        "torch-compile (TorchCompile fusion regions on CPU), nvfuser-standin (nvFuser's regions and passes, no nvFuser)",
     )
     parser.add_argument(
         "--traced-layers",

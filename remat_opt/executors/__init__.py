@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-EXECUTOR_CHOICES = ("fused-sdpa", "default", "torch-compile")
+EXECUTOR_CHOICES = ("fused-sdpa", "default", "torch-compile", "nvfuser-standin")
 
 
 def executors_for(choice: str) -> list | None:
@@ -13,6 +13,10 @@ def executors_for(choice: str) -> list | None:
 
     if choice == "default":
         return None
+    if choice == "nvfuser-standin":
+        from remat_opt.executors.nvfuser_standin import nvfuser_standin_ex
+
+        return [nvfuser_standin_ex, sdpa_cpu_ex, *thunder.get_default_executors()]
     if choice == "torch-compile":
         from thunder.executors.torch_compile import torch_compile_ex
 
