@@ -121,6 +121,7 @@ class PlannedStep:
     request: PlanRequest
     cached: bool = False
     notes: tuple[str, ...] = field(default=())
+    warnings: tuple[str, ...] = field(default=())  # what the plan cannot promise (shown by `explain`)
 
     def as_cached(self) -> PlannedStep:
         return replace(self, cached=True)

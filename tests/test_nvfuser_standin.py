@@ -8,7 +8,7 @@ import torch
 from remat_opt import _compat  # noqa: F401
 import thunder  # noqa: E402
 
-from remat_opt import CostRemat, analyze, sdpa_cpu_ex  # noqa: E402
+from remat_opt import CostRemat, analyze, explain, sdpa_cpu_ex  # noqa: E402
 from remat_opt.examples import block  # noqa: E402
 from remat_opt.executors import executors_for  # noqa: E402
 from remat_opt.executors.nvfuser_standin import (  # noqa: E402
@@ -84,3 +84,21 @@ def test_plans_survive_thunders_fusion_pass():
                          executors=executors)
     measured = measure_saved_bytes(jitted, *inputs)
     assert measured.activation_bytes == last_planned_step(jitted).plan.saved_bytes <= budget
+
+
+def test_what_thunders_fusion_pass_will_save_is_reported_exactly():
+    """Until plans survive the pass (above), CostRemat says what Thunder will save instead: a dry run
+    with the plan's tags applied, equal to the measurement, in a warning when the budget breaks."""
+    import re
+
+    model, inputs = block(batch=2, seq=32)
+    executors = executors_for("nvfuser-standin")
+    budget = analyze(model, *inputs, executors=executors).saved_activation_bytes // 2
+    jitted = thunder.jit(model, transforms=[CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")],
+                         executors=executors)
+    with pytest.warns(UserWarning, match="activation_budget_gb=.* will not hold") as caught:
+        measured = measure_saved_bytes(jitted, *inputs)
+    message = next(str(w.message) for w in caught if "will not hold" in str(w.message))
+    reported = int(re.search(r"it will save ([\d,]+) B", message).group(1).replace(",", ""))
+    assert reported == measured.activation_bytes > budget
+    assert f"it will save {reported:,} B" in str(explain(jitted))
