@@ -309,6 +309,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     request = PlanRequest.from_gb(budget_gb=args.budget_gb, activation_budget_gb=args.activation_budget_gb,
                                   solver=args.solver, **_cost_request_kwargs(args))
+    if args.timeline is not None:
+        check_writable_file(Path(args.timeline), "--timeline")
     spec, graph, _ = analyze_from_args(args)
     try:
         step = plan_step(graph, request)
@@ -320,6 +322,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         print(_title(spec, request, graph, given_options(args)) + f"; {request.describe()}")
         print(explanation.summary_table() if args.summary else explanation)
+    if args.timeline is not None:
+        from remat_opt.curves import plot_timeline
+        from remat_opt.plan import simulate_step
+
+        timelines = {"save-all": simulate_step(graph), f"plan ({request.describe()})": simulate_step(graph, step.plan)}
+        path = plot_timeline(timelines, args.timeline, _title(spec, request, graph, given_options(args)))
+        print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -420,6 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="bound on saved-for-backward bytes (inputs excluded), GB")
     plan.add_argument("--solver", choices=SOLVER_CHOICES, default="auto")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
+    plan.add_argument("--timeline", default=None, metavar="PNG",
+                      help="draw the predicted memory over one step, save-all and the plan, to this PNG")
     plan.add_argument("--summary", action="store_true",
                       help="tensors grouped by producing op and action instead of one line per tensor")
     plan.set_defaults(run=cmd_plan)

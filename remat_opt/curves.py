@@ -109,3 +109,50 @@ def plot_curve(points: Sequence, png_path: str | Path, svg_path: str | Path, tit
     finally:
         plt.close(fig)
     return png_path, svg_path
+
+
+def plot_timeline(timelines: dict, png_path: str | Path, title: str = "") -> Path:
+    """Draws the predicted live memory over one training step, one panel per timeline (e.g.
+    ``{"save-all": ..., "plan": ...}``, `remat_opt.plan.PeakTimeline` values), stacked by
+    `remat_opt.plan.MEMORY_KINDS`, with the forward/backward boundary and the peak marked; each panel
+    also draws the other timelines' totals, dashed, for comparison. Returns the PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    from remat_opt.plan import MEMORY_KINDS
+
+    png_path = Path(png_path)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    names = list(timelines)
+    peak = max(t.peak_bytes for t in timelines.values())
+    scale, unit = next((f, u) for f, u in ((GB, "GB"), (10**6, "MB"), (10**3, "kB"), (1, "B")) if peak >= f or f == 1)
+    fig, axes = plt.subplots(len(names), 1, figsize=(9, 2.8 * len(names) + 0.6), sharex=False, squeeze=False)
+    try:
+        for ax, name in zip(axes[:, 0], names):
+            timeline = timelines[name]
+            layers = list(zip(*timeline.kind_bytes)) if timeline.kind_bytes else []
+            x = range(len(timeline.live_bytes))
+            ax.stackplot(x, *[[b / scale for b in layer] for layer in layers], labels=MEMORY_KINDS, alpha=0.85)
+            for other in names:
+                if other != name:
+                    totals = [b / scale for b in timelines[other].live_bytes]
+                    ax.plot(range(len(totals)), totals, "k--", linewidth=0.8, label="total of the other panel")
+            if "backward start" in timeline.labels:
+                ax.axvline(timeline.labels.index("backward start"), color="grey", linewidth=0.8)
+            ax.plot([timeline.peak_index], [timeline.peak_bytes / scale], "rv")
+            ax.annotate(f"peak {timeline.peak_bytes / scale:.3g} {unit}", (timeline.peak_index, timeline.peak_bytes / scale),
+                        textcoords="offset points", xytext=(4, 4), fontsize=8)
+            ax.set_title(f"{name}: forward | backward (ops in order)", fontsize=9)
+            ax.set_ylabel(f"{unit} (10^{len(str(scale)) - 1} bytes)" if scale > 1 else "bytes")
+            ax.grid(alpha=0.3)
+        handles, labels = axes[0, 0].get_legend_handles_labels()
+        fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4, frameon=False)
+        if title:
+            fig.suptitle(title, fontsize=9)
+        fig.tight_layout(rect=(0, 0.08, 1, 1))
+        fig.savefig(png_path, dpi=120)
+    finally:
+        plt.close(fig)
+    return png_path

@@ -196,6 +196,7 @@ class PeakTimeline:
         live_bytes: per event, total live bytes (baseline included).
         peak_bytes: the maximum of `live_bytes` (the baseline when there are no events).
         peak_index: index of the first event reaching it.
+        kind_bytes: per event, `live_bytes` split by `MEMORY_KINDS` (same order; sums to it).
     """
 
     baseline_bytes: int
@@ -203,10 +204,18 @@ class PeakTimeline:
     live_bytes: tuple[int, ...]
     peak_bytes: int
     peak_index: int
+    kind_bytes: tuple[tuple[int, ...], ...] = ()
 
     @property
     def peak_label(self) -> str:
         return self.labels[self.peak_index] if self.labels else ""
+
+
+# What live bytes are, for timelines: parameters and inputs (alive throughout), tensors saved for
+# backward, other forward tensors, tensors the backward makes (gradients included), recomputed ones,
+# and op workspaces.
+MEMORY_KINDS = ("parameters and inputs", "saved for backward", "forward transient", "backward", "recomputed",
+                "workspace")
 
 
 class _Live:
@@ -216,15 +225,20 @@ class _Live:
         self.key_of: dict[str, str] = {}
         self.refs: dict[str, int] = {}
         self.bytes_of: dict[str, int] = {}
+        self.kind_of: dict[str, str] = {}
+        self.by_kind = dict.fromkeys(MEMORY_KINDS, 0)
+        self.by_kind[MEMORY_KINDS[0]] = baseline_bytes
         self.total = baseline_bytes
 
-    def add(self, tensor: str, key: str, nbytes: int) -> None:
+    def add(self, tensor: str, key: str, nbytes: int, kind: str) -> None:
         if tensor in self.key_of:
             self.remove(tensor)
         self.key_of[tensor] = key
         if self.refs.get(key, 0) == 0:
             self.total += nbytes
             self.bytes_of[key] = nbytes
+            self.kind_of[key] = kind
+            self.by_kind[kind] += nbytes
         self.refs[key] = self.refs.get(key, 0) + 1
 
     def remove(self, tensor: str) -> None:
@@ -233,7 +247,14 @@ class _Live:
             return
         self.refs[key] -= 1
         if self.refs[key] == 0:
-            self.total -= self.bytes_of.pop(key)
+            nbytes = self.bytes_of.pop(key)
+            self.total -= nbytes
+            self.by_kind[self.kind_of.pop(key)] -= nbytes
+
+    def event(self, label: str, workspace_bytes: int = 0) -> tuple[str, int, tuple[int, ...]]:
+        """``(label, live bytes, live bytes by kind)`` now, with an op's workspace."""
+        kinds = tuple(self.by_kind[k] + (workspace_bytes if k == "workspace" else 0) for k in MEMORY_KINDS)
+        return label, self.total + workspace_bytes, kinds
 
 
 def _forward_last_use(graph: JointGraph) -> dict[str, int]:
@@ -247,13 +268,15 @@ def _forward_last_use(graph: JointGraph) -> dict[str, int]:
 def _simulate_forward(graph: JointGraph, saved: set[str], live: _Live, events: list) -> None:
     """Forward liveness: free after the last forward use unless saved; outputs to the end."""
     tensors, keep = graph.tensors, saved | set(graph.forward_output_names)
+    saved_storages = {tensors[name].storage for name in saved}
     last = _forward_last_use(graph)
     for i, op in enumerate(graph.forward_ops):
         for out in op.outputs:
             storage = tensors[out].storage
             if tensors[storage].kind != "input":
-                live.add(out, storage, tensors[storage].storage_bytes)
-        events.append((op.name, live.total + op.workspace_bytes))
+                kind = "saved for backward" if storage in saved_storages else "forward transient"
+                live.add(out, storage, tensors[storage].storage_bytes, kind)
+        events.append(live.event(op.name, op.workspace_bytes))
         for name in dict.fromkeys((*op.inputs, *op.outputs)):
             if last[name] == i and name not in keep:
                 live.remove(name)
@@ -304,8 +327,8 @@ def _simulate_backward(graph: JointGraph, derivation: Derivation, live: _Live, e
     keys = {name: tensors[name].storage for name in derivation.saved}
     for name in {n for op in graph.backward_ops for n in op.inputs if tensors[n].kind == "cotangent"}:
         keys[name] = tensors[name].storage
-        live.add(name, keys[name], tensors[keys[name]].storage_bytes)
-    events.append(("backward start", live.total))
+        live.add(name, keys[name], tensors[keys[name]].storage_bytes, "backward")
+    events.append(live.event("backward start"))
     for name in derivation.saved:
         if name not in last:
             live.remove(name)
@@ -314,8 +337,8 @@ def _simulate_backward(graph: JointGraph, derivation: Derivation, live: _Live, e
             if tensors[tensors[out].storage].kind == "input":
                 continue
             keys[out] = _backward_key(graph, out, op, recompute, keys)
-            live.add(out, keys[out], tensors[tensors[out].storage].storage_bytes)
-        events.append((f"recompute:{op.name}" if recompute else op.name, live.total + op.workspace_bytes))
+            live.add(out, keys[out], tensors[tensors[out].storage].storage_bytes, "recomputed" if recompute else "backward")
+        events.append(live.event(f"recompute:{op.name}" if recompute else op.name, op.workspace_bytes))
         for name in dict.fromkeys((*op.inputs, *op.outputs)):
             if last.get(name, k) == k and (name in last or recompute):
                 live.remove(name)
@@ -344,14 +367,15 @@ def simulate_step(graph: JointGraph, plan_or_tag_targets: RematPlan | Iterable[s
     live, events = _Live(baseline), []
     _simulate_forward(graph, set(derivation.saved), live, events)
     _simulate_backward(graph, derivation, live, events)
-    values = [v for _, v in events]
+    values = [v for _, v, _ in events]
     peak = max(values, default=baseline)
     return PeakTimeline(
         baseline_bytes=baseline,
-        labels=tuple(label for label, _ in events),
+        labels=tuple(label for label, _, _ in events),
         live_bytes=tuple(values),
         peak_bytes=peak,
         peak_index=values.index(peak) if values else 0,
+        kind_bytes=tuple(kinds for _, _, kinds in events),
     )
 
 

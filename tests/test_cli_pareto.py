@@ -144,3 +144,17 @@ def test_gpu_check_needs_cuda():
     assert proc.returncode == 2
     assert proc.stderr.startswith("needs CUDA: ")
     assert "Traceback" not in proc.stderr
+
+
+def test_plan_draws_the_memory_timeline(tmp_path, capsys):
+    png = tmp_path / "timeline.png"
+    assert main(["plan", *TINY, "--device-spec", "h100", "--activation-budget-gb", "0.0005", "--summary",
+                 "--timeline", str(png)]) == 0
+    assert f"wrote {png}" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_an_unwritable_timeline_is_refused_before_any_work(capsys):
+    assert main(["plan", "factories:raising", "--device", "cpu", "--timeline", "/proc/t.png"]) == 2
+    err = capsys.readouterr().err
+    assert "--timeline '/proc/t.png' is not writable" in err and err.count("\n") == 1

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from remat_opt.graph import REASON_FORWARD_OUTPUT, REASON_INPUT, JointGraph, OpNode, TensorNode, TensorOrigin
-from remat_opt.plan import check_plan, derive, simulate_peak_bytes, simulate_step
+from remat_opt.plan import MEMORY_KINDS, check_plan, derive, simulate_peak_bytes, simulate_step
 from remat_opt.problem import RecomputeProblem
 
 
@@ -61,6 +61,18 @@ def test_recompute_all_timeline_by_hand(view_graph):
         *("recompute:fwd0", "recompute:fwd1", "bwd0", "bwd1"),
     )
     assert timeline.live_bytes == (1280, 1280, 1792, 768, 1792, 1792, 2304, 1024)
+
+
+def test_timeline_kinds_by_hand_and_they_sum_to_the_live_bytes(view_graph):
+    save_all, recompute_all = simulate_step(view_graph), simulate_step(view_graph, ["A", "B"])
+    kinds = dict(zip(MEMORY_KINDS, zip(*save_all.kind_bytes)))
+    assert kinds["parameters and inputs"] == (256,) * 6  # x
+    assert kinds["saved for backward"][:4] == (1024, 1024, 1024, 1024)  # a, whose view b is saved
+    assert kinds["forward transient"][2] == 512  # c, the loss
+    assert kinds["recomputed"] == (0,) * 6
+    assert max(dict(zip(MEMORY_KINDS, zip(*recompute_all.kind_bytes)))["recomputed"]) == 1024  # a, rebuilt
+    for timeline in (save_all, recompute_all):
+        assert tuple(map(sum, timeline.kind_bytes)) == timeline.live_bytes
 
 
 def test_recomputing_a_view_of_a_saved_base_saves_nothing(view_graph, problem):
@@ -157,3 +169,14 @@ def test_checker_rejects_random_ops(random_op_graph):
 def test_simulate_peak_bytes_accepts_a_plan(view_graph, problem):
     plan = problem.plan_for(["A", "B"], solver="test", status="heuristic", solve_time_s=0.0)
     assert simulate_peak_bytes(view_graph, plan) == simulate_peak_bytes(view_graph, ["A", "B"]) == plan.peak_bytes
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_timeline_kinds_sum_to_the_live_bytes_on_random_graphs(seed):
+    from synthetic import random_joint_graph
+
+    graph = random_joint_graph(seed)
+    targets = sorted({o.tag_target for o in graph.saved if o.taggable})
+    for timeline in (simulate_step(graph), simulate_step(graph, targets[: len(targets) // 2])):
+        assert tuple(map(sum, timeline.kind_bytes)) == timeline.live_bytes
+        assert all(min(kinds) >= 0 for kinds in timeline.kind_bytes)
