@@ -111,11 +111,13 @@ def plot_curve(points: Sequence, png_path: str | Path, svg_path: str | Path, tit
     return png_path, svg_path
 
 
-def plot_timeline(timelines: dict, png_path: str | Path, title: str = "") -> Path:
+def plot_timeline(timelines: dict, png_path: str | Path, title: str = "", measured: dict | None = None) -> Path:
     """Draws the predicted live memory over one training step, one panel per timeline (e.g.
     ``{"save-all": ..., "plan": ...}``, `remat_opt.plan.PeakTimeline` values), stacked by
     `remat_opt.plan.MEMORY_KINDS`, with the forward/backward boundary and the peak marked; each panel
-    also draws the other timelines' totals, dashed, for comparison. Returns the PNG path."""
+    also draws the other timelines' totals, dashed, for comparison. `measured` (same keys, live bytes
+    in time order, e.g. `remat_opt.measure.PeakMeasurement.timeline_bytes`) adds a last panel with
+    the measured curves and the predicted peaks. Returns the PNG path."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -128,7 +130,8 @@ def plot_timeline(timelines: dict, png_path: str | Path, title: str = "") -> Pat
     names = list(timelines)
     peak = max(t.peak_bytes for t in timelines.values())
     scale, unit = next((f, u) for f, u in ((GB, "GB"), (10**6, "MB"), (10**3, "kB"), (1, "B")) if peak >= f or f == 1)
-    fig, axes = plt.subplots(len(names), 1, figsize=(9, 2.8 * len(names) + 0.6), sharex=False, squeeze=False)
+    n_panels = len(names) + (1 if measured else 0)
+    fig, axes = plt.subplots(n_panels, 1, figsize=(9, 2.8 * n_panels + 0.6), sharex=False, squeeze=False)
     try:
         for ax, name in zip(axes[:, 0], names):
             timeline = timelines[name]
@@ -147,6 +150,18 @@ def plot_timeline(timelines: dict, png_path: str | Path, title: str = "") -> Pat
             ax.set_title(f"{name}: forward | backward (ops in order)", fontsize=9)
             ax.set_ylabel(f"{unit} (10^{len(str(scale)) - 1} bytes)" if scale > 1 else "bytes")
             ax.grid(alpha=0.3)
+        if measured:
+            ax = axes[-1, 0]
+            for i, (name, series) in enumerate(measured.items()):
+                color = f"C{i}"
+                ax.plot(range(len(series)), [b / scale for b in series], color=color, linewidth=0.9,
+                        label=f"{name}: measured")
+                if name in timelines:
+                    ax.axhline(timelines[name].peak_bytes / scale, color=color, linestyle=":", linewidth=0.9)
+            ax.set_title("measured (allocator events in time order); dotted: predicted peaks", fontsize=9)
+            ax.set_ylabel(f"{unit} (10^{len(str(scale)) - 1} bytes)" if scale > 1 else "bytes")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, loc="upper left")
         handles, labels = axes[0, 0].get_legend_handles_labels()
         fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4, frameon=False)
         if title:

@@ -308,6 +308,8 @@ class AllocationTrace:
         n_allocations: Number of allocation events.
         n_frees: Number of free events of blocks allocated during the call.
         n_foreign_frees: Number of free events of blocks allocated before the call (ignored).
+        live_delta_bytes: the bytes allocated during the call and not yet freed, after each
+            allocation and each counted free, in time order (its maximum is `peak_delta_bytes`).
     """
 
     peak_delta_bytes: int
@@ -315,6 +317,7 @@ class AllocationTrace:
     n_allocations: int
     n_frees: int
     n_foreign_frees: int
+    live_delta_bytes: tuple[int, ...] = ()
 
 
 def _iter_profiler_events(roots: list[Any]) -> Iterator[Any]:
@@ -349,6 +352,7 @@ def _replay_allocations(events: list[tuple[int, int, int, int]]) -> AllocationTr
     live_bytes_by_ptr: dict[int, int] = {}
     current_bytes = peak_bytes = 0
     n_allocations = n_frees = n_foreign_frees = 0
+    series = []
     for _, _, ptr, signed_bytes in events:
         if signed_bytes > 0:
             live_bytes_by_ptr[ptr] = signed_bytes
@@ -360,12 +364,15 @@ def _replay_allocations(events: list[tuple[int, int, int, int]]) -> AllocationTr
             n_frees += 1
         else:
             n_foreign_frees += 1
+            continue
+        series.append(current_bytes)
     return AllocationTrace(
         peak_delta_bytes=peak_bytes,
         end_delta_bytes=current_bytes,
         n_allocations=n_allocations,
         n_frees=n_frees,
         n_foreign_frees=n_foreign_frees,
+        live_delta_bytes=tuple(series),
     )
 
 
@@ -409,6 +416,8 @@ class PeakMeasurement:
             whatever the callable caches).
         device: The measured device (``"cpu"``, ``"cuda:0"``).
         method: ``"cpu_profiler"`` or ``"cuda_allocator"``.
+        timeline_bytes: CPU: ``baseline_bytes`` plus the step's live bytes after each allocator
+            event, in time order (a measured timeline; its maximum is `peak_bytes`). CUDA: empty.
     """
 
     peak_bytes: int
@@ -417,6 +426,7 @@ class PeakMeasurement:
     end_delta_bytes: int
     device: str
     method: str
+    timeline_bytes: tuple[int, ...] = ()
 
     def summary(self) -> str:
         """One-line human-readable summary."""
@@ -523,12 +533,13 @@ def measure_step_peak_bytes(
     device = _measured_device(inputs)
     if device.type == "cuda":
         baseline_bytes, peak_delta_bytes, end_delta_bytes = _cuda_peak(step, device)
-        method = "cuda_allocator"
+        method, timeline = "cuda_allocator", ()
     else:
         baseline_bytes = sum(_distinct_storage_bytes(inputs + _existing_grads(inputs)).values())
         trace = trace_cpu_allocations(step)
         peak_delta_bytes, end_delta_bytes = trace.peak_delta_bytes, trace.end_delta_bytes
         method = "cpu_profiler"
+        timeline = (baseline_bytes, *(baseline_bytes + b for b in trace.live_delta_bytes))
     return PeakMeasurement(
         peak_bytes=baseline_bytes + peak_delta_bytes,
         baseline_bytes=baseline_bytes,
@@ -536,4 +547,5 @@ def measure_step_peak_bytes(
         end_delta_bytes=end_delta_bytes,
         device=str(device),
         method=method,
+        timeline_bytes=timeline,
     )

@@ -201,6 +201,9 @@ def test_step_peak_of_known_allocations_is_exact():
     # In all, at the peak: x, scratch and grad_x (4N floats) and the two 0-d tensors.
     assert m.peak_bytes == 4 * N * F32_BYTES + 2 * F32_BYTES
     assert x.grad is not None and x.grad.shape == x.shape
+    # the measured timeline: from the baseline, through the peak, to what the step leaves
+    assert m.timeline_bytes[0] == m.baseline_bytes and max(m.timeline_bytes) == m.peak_bytes
+    assert m.timeline_bytes[-1] == m.baseline_bytes + m.end_delta_bytes
 
 
 class _ScaleExp(torch.nn.Module):

@@ -1,0 +1,54 @@
+"""Predicted vs measured memory over one training step on CPU, drawn to a PNG.
+
+Runs a model under Thunder on CPU twice, with `CostRemat` at save-all and at a fraction of the
+save-all activation budget, measures each step's allocator timeline
+(`remat_opt.measure_step_peak_bytes`) and draws it under the predicted timelines
+(`remat_opt.curves.plot_timeline`). Prints predicted and measured peaks side by side.
+
+    .venv/bin/python benchmarks/timeline_check.py --fraction 0.25 --out docs/timeline_llama2_tiny_cpu.png
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from remat_opt import _compat  # noqa: F401
+
+import thunder  # noqa: E402
+
+from remat_opt import CostRemat, analyze  # noqa: E402
+from remat_opt.curves import plot_timeline  # noqa: E402
+from remat_opt.executors import executors_for  # noqa: E402
+from remat_opt.measure import measure_step_peak_bytes  # noqa: E402
+from remat_opt.models import ModelSpec, build_model  # noqa: E402
+from remat_opt.plan import simulate_step  # noqa: E402
+from remat_opt.transform import last_planned_step  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="Llama-2-7b-hf")
+    parser.add_argument("--n-layer", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--fraction", type=float, default=0.25, help="activation budget, fraction of save-all")
+    parser.add_argument("--out", default="docs/timeline_llama2_tiny_cpu.png")
+    args = parser.parse_args()
+
+    model, inputs = build_model(ModelSpec(args.model, n_layer=args.n_layer, seq=args.seq, device="cpu", tiny=True))
+    executors = executors_for("fused-sdpa")
+    save_all = analyze(model, *inputs, executors=executors).saved_activation_bytes
+    predicted, measured = {}, {}
+    for name, budget in (("save-all", save_all), (f"{args.fraction:.0%} of save-all", int(args.fraction * save_all))):
+        transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
+        jitted = thunder.jit(model, transforms=[transform], executors=executors)
+        peak = measure_step_peak_bytes(jitted, *inputs)
+        step = last_planned_step(jitted)
+        predicted[name], measured[name] = simulate_step(step.graph, step.plan), peak.timeline_bytes
+        print(f"{name:>22}: saved {step.plan.saved_bytes:>10,} B; peak predicted {step.plan.peak_bytes:>10,} B, "
+              f"measured {peak.peak_bytes:>10,} B ({peak.peak_bytes / step.plan.peak_bytes - 1:+.1%})")
+    title = f"{args.model} tiny, {args.n_layer} layers, seq {args.seq}, fp32, CPU: predicted (stacked) and measured"
+    print("wrote", plot_timeline(predicted, args.out, title, measured=measured))
+
+
+if __name__ == "__main__":
+    main()
