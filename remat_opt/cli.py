@@ -238,7 +238,9 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"device to cost for: {', '.join(DEVICE_SPEC_NAMES)} (or a full spec name such as H100-SXM); "
         "default: the cost table's device, else the graph's (meta graphs need one)",
     )
-    parser.add_argument("--cost-table", default=None, help="measured cost table (JSON from `remat-opt profile`)")
+    parser.add_argument("--cost-table", default=None,
+                        help="measured cost table (JSON from `remat-opt profile`), or auto: time this model's forward "
+                             "ops on its --device now, cached on disk (REMAT_OPT_COST_CACHE)")
     parser.add_argument("--allow-other-device", action="store_true",
                         help="use a --cost-table measured on another device or library versions (with a warning)")
     parser.add_argument("--time-limit-s", type=_finite_float(positive=True), default=10.0,
@@ -274,6 +276,7 @@ def _title(spec, request, graph, given: frozenset[str]) -> str:
 
 
 def cmd_pareto(args: argparse.Namespace) -> int:
+    from remat_opt.cost_cache import with_auto_costs
     from remat_opt.curves import plot_curve, render_points, write_csv
     from remat_opt.planning import PlanRequest, pareto_points, plan_step
     from remat_opt.solvers.pareto import ParetoPoint
@@ -283,6 +286,9 @@ def cmd_pareto(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_writable_dir(out, "--out")
     spec, graph, _ = analyze_from_args(args)
+    request, costs_note = with_auto_costs(request, graph)
+    if costs_note:
+        print(costs_note, file=sys.stderr)
     if budgets_gb is None:
         points = pareto_points(graph, request, args.points, budget=args.budget)
     else:
@@ -304,6 +310,7 @@ def cmd_pareto(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from remat_opt.cost_cache import with_auto_costs
     from remat_opt.explanation import explain_step
     from remat_opt.planning import PlanRequest, plan_step
 
@@ -312,6 +319,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.timeline is not None:
         check_writable_file(Path(args.timeline), "--timeline")
     spec, graph, _ = analyze_from_args(args)
+    request, costs_note = with_auto_costs(request, graph)
+    if costs_note:
+        print(costs_note, file=sys.stderr)
     try:
         step = plan_step(graph, request)
     except InfeasibleBudgetError as e:

@@ -149,5 +149,5 @@ def explain_step(step: PlannedStep) -> Explanation:
         extra_time_s=plan.extra_time_s,
         recomputed_tag_targets=plan.recomputed_tag_targets,
         cached=step.cached,
-        notes=(*step.warnings, *graph.notes),
+        notes=(*step.remarks, *graph.notes),
     )

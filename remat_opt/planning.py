@@ -53,6 +53,9 @@ class PlanRequest:
         activation_budget_bytes: bound on saved-for-backward bytes (inputs excluded).
         solver: a key of `SOLVERS`, or ``"auto"`` (ILP).
         table: measured cost table, or None.
+        auto_costs: ``cost_table="auto"``: the caller (`CostRemat`, the CLI) times this graph's
+            forward ops on its device at the first compilation, caching them on disk
+            (`remat_opt.cost_cache`), and plans with that table.
         device_spec: device spec name to cost for, or None (the table's, else the graph's device).
         time_limit_s: solver time limit.
     """
@@ -63,6 +66,7 @@ class PlanRequest:
     table: CostTable | None = None
     device_spec: str | None = None
     time_limit_s: float = 10.0
+    auto_costs: bool = False
 
     @classmethod
     def from_gb(cls, *, budget_gb=None, activation_budget_gb=None, **kwargs) -> PlanRequest:
@@ -87,6 +91,8 @@ class PlanRequest:
         if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, numbers.Real) or not time_limit_s > 0 \
                 or not math.isfinite(time_limit_s):
             raise ValueError(f"time_limit_s must be a positive number of seconds, got {time_limit_s!r}")
+        if isinstance(cost_table, str) and cost_table == "auto":
+            return cls(auto_costs=True, **kwargs)
         return cls(table=_cost_table(cost_table), **kwargs)
 
     def describe(self) -> str:
@@ -96,6 +102,8 @@ class PlanRequest:
         if self.activation_budget_bytes is not None:
             parts.append(f"activation_budget_gb={self.activation_budget_bytes / 1e9:g}")
         parts.append(f"solver={self.solver!r}")
+        if self.auto_costs:
+            parts.append("cost_table='auto'")
         if self.device_spec:
             parts.append(f"device_spec={self.device_spec!r}")
         return ", ".join(parts)
@@ -106,7 +114,7 @@ def _cost_table(cost_table) -> CostTable | None:
         return cost_table
     if isinstance(cost_table, (str, Path)):
         return load_table(Path(cost_table))
-    raise TypeError(f"cost_table must be a path to a table from `remat-opt profile` or a CostTable, "
+    raise TypeError(f"cost_table must be 'auto', a path to a table from `remat-opt profile` or a CostTable, "
                     f"got {type(cost_table).__name__}")
 
 
@@ -121,7 +129,7 @@ class PlannedStep:
     request: PlanRequest
     cached: bool = False
     notes: tuple[str, ...] = field(default=())
-    warnings: tuple[str, ...] = field(default=())  # what the plan cannot promise (shown by `explain`)
+    remarks: tuple[str, ...] = field(default=())  # for the user: where costs came from, what Thunder will save
 
     def as_cached(self) -> PlannedStep:
         return replace(self, cached=True)

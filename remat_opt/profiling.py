@@ -16,6 +16,7 @@ drawn at random so the replay goes on.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -162,8 +163,11 @@ def replay(
     options: ProfileOptions | None = None,
     time_ops: bool = True,
     progress: bool = False,
+    time_keys: set[str] | None = None,
+    deadline_s: float | None = None,
 ) -> ReplayResult:
-    """Runs every op of `graph` on `device`, timing each distinct op key once when `time_ops`.
+    """Runs every op of `graph` on `device`, timing each distinct op key once when `time_ops`
+    (only the keys in `time_keys` when given, and none after `time.perf_counter()` passes `deadline_s`).
 
     On ``device="meta"`` nothing runs for real: use ``time_ops=False`` to check that every runner
     produces the shapes and dtypes the graph records (`ReplayResult.problems`).
@@ -179,7 +183,9 @@ def replay(
             if reason is None:
                 try:
                     call = make_call(args, state.inputs(op, args), device)
-                    if time_ops and key not in result.times:
+                    wanted = time_keys is None or key in time_keys
+                    in_time = deadline_s is None or time.perf_counter() < deadline_s
+                    if time_ops and key not in result.times and wanted and in_time:
                         seconds, repeats = time_call(call, device, options)
                         result.times[key] = TableEntry(
                             key=key, symbol=op.symbol, time_s=seconds, repeats=repeats, note=approximation(op.symbol)

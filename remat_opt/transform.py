@@ -21,6 +21,7 @@ from thunder.core.proxies import ProxyTag, TensorProxy  # noqa: E402
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace  # noqa: E402
 from thunder.core.transform_common import Transform  # noqa: E402
 
+from remat_opt.cost_cache import with_auto_costs  # noqa: E402
 from remat_opt.errors import InfeasibleBudgetError  # noqa: E402
 from remat_opt.planning import PlanRequest, PlannedStep, plan_step  # noqa: E402
 
@@ -97,7 +98,11 @@ class CostRemat(Transform):
             excluded), in GB.
         solver: ``"auto"`` (ILP), ``"ilp"``, ``"mincut"``, ``"save_all"`` or ``"recompute_all"``.
         cost_table: a measured cost table (path or `costmodels.table.CostTable`) from
-            `remat-opt profile`; preferred over formulas where it has an entry.
+            `remat-opt profile`, preferred over formulas where it has an entry; or ``"auto"``: at
+            the first compilation on a real device, time the forward ops the cache lacks and keep
+            them on disk (`remat_opt.cost_cache`; `explain` says what came from where). Not the
+            default: it runs the step's forward ops once more at the first compilation (time and
+            memory a user did not ask for); formulas rank ops well without it.
         device_spec: spec sheet to cost for (``"H100"``, ``"H200"``, ``"A100-80GB"``, ``"L40S"``,
             ``"cpu"``); default: the table's device, else the trace's device (a CPU trace: the
             nominal CPU; a CUDA trace: the sheet of that GPU, found by its name).
@@ -151,7 +156,10 @@ class CostRemat(Transform):
             if backward_trace is None:
                 return prologue_trace, _recorded(computation_trace, _NO_BACKWARD), epilogue_trace
             graph = extract.build_joint_graph(forward_trace, backward_trace, names)
-            step = self._plan(graph, _thunderfx_subgraph())
+            request, costs_note = with_auto_costs(self.request, graph)
+            step = self._plan(graph, _thunderfx_subgraph(), request)
+            if costs_note:
+                step = replace(step, remarks=(*step.remarks, costs_note))
             step = _check_after_fusion(step, computation_trace, executors_list, names)
             self._cache[key] = step
             for note, warn in extract.fallback_notes(graph.ops):
@@ -164,28 +172,28 @@ class CostRemat(Transform):
         apply_recompute_tags(computation_trace, step.plan.recomputed_tag_targets)
         return prologue_trace, _recorded(computation_trace, step), epilogue_trace
 
-    def _plan(self, graph, subgraph) -> PlannedStep:
+    def _plan(self, graph, subgraph, request: PlanRequest) -> PlannedStep:
         """Plans one compilation. Under ThunderFX the model's budget is shared by Dynamo's subgraphs:
         each is planned, in the order they first run (the forward order), under the budget less the
         bytes the other subgraphs' plans save (all of them are alive together at the start of the
         backward). Exact for `activation_budget_gb`; for `budget_gb` the other subgraphs' saved bytes
         are taken off this subgraph's peak budget, a bound that ignores their transients."""
         if subgraph is None:
-            return plan_step(graph, self.request)
+            return plan_step(graph, request)
         other_bytes = [b for g, b in self._subgraph_saved_bytes.items() if g is not subgraph]
         others, carried = sum(other_bytes), _carried_activation_bytes(subgraph, graph)
         taken = {"peak_budget_bytes": others, "activation_budget_bytes": others + carried}
-        budgets = {name: getattr(self.request, name) for name in taken if getattr(self.request, name) is not None}
+        budgets = {name: getattr(request, name) for name in taken if getattr(request, name) is not None}
         note = (f"CostRemat under ThunderFX: {len(other_bytes)} other Dynamo subgraph(s) of this model, planned "
                 f"first, save {others:,} B, and this one saves {carried:,} B of activations it receives")
         short = [n for n, b in budgets.items() if taken[n] > b]
         if short:  # the budget is gone before this subgraph: say how much it needs in all
             error = InfeasibleBudgetError(_KIND[short[0]], budgets[short[0]],
-                                          taken[short[0]] + _least_bytes(graph, self.request, short[0]), in_gb=True)
+                                          taken[short[0]] + _least_bytes(graph, request, short[0]), in_gb=True)
             error.add_note(note)
             raise error
         try:
-            return plan_step(graph, replace(self.request, **{n: b - taken[n] for n, b in budgets.items()}))
+            return plan_step(graph, replace(request, **{n: b - taken[n] for n, b in budgets.items()}))
         except InfeasibleBudgetError as e:
             e.add_note(note)
             raise
@@ -221,7 +229,7 @@ def _check_after_fusion(step: PlannedStep, computation_trace, executors_list, na
     if broken:
         warnings.warn(f"CostRemat: {message}; {' and '.join(broken)} will not hold (plans that survive Thunder's "
                       "fusion pass are not built yet)", stacklevel=3)
-    return replace(step, warnings=(*step.warnings, message))
+    return replace(step, remarks=(*step.remarks, message))
 
 
 _KIND = {"peak_budget_bytes": "peak_budget_bytes", "activation_budget_bytes": "budget_bytes"}

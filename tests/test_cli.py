@@ -167,3 +167,13 @@ def test_the_readme_cost_table_workflow_works_end_to_end(tmp_path, monkeypatch, 
     assert "measured on 'cpu: another machine" in err and "--allow-other-device" in err and err.count("\n") == 1
     with pytest.warns(UserWarning, match="using it anyway"):
         assert main([*plan, "--allow-other-device"]) == 0
+
+
+def test_plan_with_auto_costs_times_the_model_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("REMAT_OPT_COST_CACHE", str(tmp_path))
+    argv = ["plan", "factories:sized", "--device", "cpu", "--cost-table", "auto", "--summary"]
+    assert main(argv) == 0
+    first = capsys.readouterr().err
+    assert "cost_table='auto'" in first and " 0 timed now" not in first
+    assert main(argv) == 0
+    assert " 0 timed now in 0.0 s" in capsys.readouterr().err

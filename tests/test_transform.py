@@ -261,7 +261,7 @@ def test_two_cost_remat_transforms_are_refused():
         ({"budget_gb": True}, TypeError, "budget_gb must be a number of GB, got bool"),
         ({"time_limit_s": "5"}, ValueError, "time_limit_s must be a positive number of seconds, got '5'"),
         ({"time_limit_s": float("nan")}, ValueError, "time_limit_s must be a positive number of seconds"),
-        ({"cost_table": {"entries": {}}}, TypeError, "cost_table must be a path .* got dict"),
+        ({"cost_table": {"entries": {}}}, TypeError, "cost_table must be .auto., a path .* got dict"),
     ],
     ids=["solver", "negative", "nan", "inf", "huge", "string", "bool", "limit-string", "limit-nan", "table-dict"],
 )
