@@ -25,6 +25,7 @@ class ExplainRow:
     recompute_ms: float
     tag_target: str | None
     reason: str
+    cost_source: str = "-"  # of `recompute_ms`: "measured", "formula", "measured+formula" ("-": not recomputed)
 
 
 @dataclass(frozen=True)
@@ -90,12 +91,19 @@ class Explanation:
     def __str__(self) -> str:
         rows = [
             [r.tensor, r.producer or "-", "x".join(map(str, r.shape)), r.dtype, format_bytes(r.storage_bytes),
-             r.action, f"{r.recompute_ms:.3f}" if r.action == RECOMPUTE else "-", r.tag_target or "-", r.reason]
+             r.action, f"{r.recompute_ms:.3f} ({r.cost_source})" if r.action == RECOMPUTE else "-", r.tag_target or "-",
+             r.reason]
             for r in self.rows
             if r.action != INPUT
         ]
-        header = ["tensor", "producer", "shape", "dtype", "bytes", "action", "recompute ms", "tag target", "reason"]
+        header = ["tensor", "producer", "shape", "dtype", "bytes", "action", "recompute ms (cost)", "tag target", "reason"]
         return "\n".join([*render_table(rows, header), "", *self.totals()])
+
+
+def _cost_source(step: PlannedStep, op_names) -> str:
+    """Where the recompute time of these ops came from: a measured table, formulas, or both."""
+    sources = sorted({step.costs.op_cost(op).source for op in op_names})
+    return "+".join(sources) if sources else "-"
 
 
 def _reason(step: PlannedStep, name: str, action: str, storage_bytes: int) -> str:
@@ -133,6 +141,7 @@ def explain_step(step: PlannedStep) -> Explanation:
                 recompute_ms=1e3 * sum(times.get(op, 0.0) for op in d.recompute_ops),
                 tag_target=d.tag_target,
                 reason=_reason(step, d.name, d.action, d.storage_bytes),
+                cost_source=_cost_source(step, d.recompute_ops) if d.action == RECOMPUTE else "-",
             )
         )
     save_all = step.problem.plan_for((), solver="save_all", status="baseline", solve_time_s=0.0)

@@ -38,8 +38,12 @@ def _note(explanation) -> str:
 
 def test_first_compile_profiles_then_the_cache_serves_this_and_another_process(cache):
     model, (x,) = block(batch=2, seq=16)
-    first = _note(_compile_and_explain(model, x))
+    explanation = _compile_and_explain(model, x)
+    first = _note(explanation)
     assert " 0 forward ops from the cache" in first and " 0 timed now" not in first
+    recomputed = [r for r in explanation.rows if r.action == "recompute"]
+    assert recomputed and all("measured" in r.cost_source for r in recomputed)  # explain says where costs came from
+    assert "(measured" in str(explanation)
     assert table_path("cpu").exists() and table_path("cpu").parent == cache
     second = _note(_compile_and_explain(model, x))
     assert " 0 timed now in 0.0 s" in second and " 0 forward ops from the cache" not in second
