@@ -1,0 +1,113 @@
+"""Decision quality: the extra step time each plan predicts vs the extra step time it costs, measured.
+
+    .venv/bin/python benchmarks/decision_quality.py --rounds 25
+
+For tiny Llama-2 and Pythia (2 layers, width 256, seq 256, fp32, CPU, 1 thread) and for two sources
+of op costs (the CPU formulas, and ``cost_table="auto"``: ops timed on this machine first), plans
+are made at five activation budgets (save-all, 75%, 50%, 25%, the minimum). Every plan of one
+model and cost source runs round-robin with the save-all plan (one step of each per round, so
+machine noise hits all alike); the measured extra time of a plan is the median over rounds of
+(its step time - the save-all step time of that round), with the standard error of the mean of
+those differences beside it. Predicted extra time is the plan's `extra_time_s` minus the
+save-all plan's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import tempfile
+import time
+
+from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
+import thunder  # noqa: E402
+import torch  # noqa: E402
+
+from remat_opt import InfeasibleBudgetError  # noqa: E402
+from remat_opt.executors.sdpa_cpu import sdpa_cpu_ex  # noqa: E402
+from remat_opt.measure import measure_saved_bytes  # noqa: E402
+from remat_opt.transform import CostRemat, last_planned_step  # noqa: E402
+
+FRACTIONS = (("save-all", 1.0), ("75%", 0.75), ("50%", 0.5), ("25%", 0.25), ("minimum", 0.0))
+
+
+def _model(name: str, args):
+    from litgpt import GPT, Config
+
+    config = Config.from_name(
+        name, n_layer=args.n_layer, n_embd=args.width, n_head=4, n_query_groups=4, head_size=args.width // 4,
+        intermediate_size=4 * args.width, padded_vocab_size=256, vocab_size=256, block_size=args.seq,
+    )
+    torch.manual_seed(0)
+    return GPT(config), (torch.randint(0, 256, (1, args.seq)),)
+
+
+def _jit(model, budget_bytes: int, cost_table):
+    transform = CostRemat(activation_budget_gb=budget_bytes / 1e9, device_spec=None if cost_table else "cpu",
+                          cost_table=cost_table)
+    return thunder.jit(model, transforms=[transform], executors=[sdpa_cpu_ex, *thunder.get_default_executors()])
+
+
+def _plans(model, inputs, save_all: int, cost_table) -> dict:
+    """label -> (jitted, plan) at every budget; the minimum is found from the infeasibility error."""
+    systems = {}
+    for label, fraction in FRACTIONS:
+        budget = int(fraction * save_all)
+        jitted = _jit(model, budget, cost_table)
+        try:
+            jitted(*inputs).float().sum().backward()
+        except InfeasibleBudgetError as e:
+            jitted = _jit(model, e.minimum, cost_table)
+            jitted(*inputs).float().sum().backward()
+        systems[label] = (jitted, last_planned_step(jitted).plan)
+    return systems
+
+
+def _step_s(jitted, inputs) -> float:
+    start = time.perf_counter()
+    jitted(*inputs).float().sum().backward()
+    return time.perf_counter() - start
+
+
+def _measure(systems: dict, inputs, rounds: int) -> dict:
+    times = {label: [] for label in systems}
+    for _ in range(rounds):
+        for label, (jitted, _) in systems.items():
+            times[label].append(_step_s(jitted, inputs))
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="Llama-2-7b-hf,pythia-160m")
+    parser.add_argument("--n-layer", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=25)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    os.environ.setdefault("REMAT_OPT_COST_CACHE", tempfile.mkdtemp(prefix="remat-opt-costs-"))
+    print(f"n_layer={args.n_layer} seq={args.seq} width={args.width}, fp32, CPU, 1 thread, {args.rounds} rounds")
+    print(f"{'model':<16}{'costs':<10}{'budget':<10}{'saved B':>11}{'predicted ms':>14}{'measured ms':>13}"
+          f"{'+- SE':>8}{'error ms':>10}")
+    for name in args.models.split(","):
+        model, inputs = _model(name, args)
+        baseline = thunder.jit(model, executors=[sdpa_cpu_ex, *thunder.get_default_executors()])
+        save_all = measure_saved_bytes(baseline, *inputs).activation_bytes
+        for costs, table in (("formula", None), ("auto", "auto")):
+            systems = _plans(model, inputs, save_all, table)
+            times = _measure(systems, inputs, args.rounds)
+            reference_s = systems["save-all"][1].extra_time_s
+            for label, (_, plan) in systems.items():
+                diffs = [a - b for a, b in zip(times[label], times["save-all"])]
+                measured_ms = 1e3 * statistics.median(diffs)
+                se_ms = 1e3 * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+                predicted_ms = 1e3 * (plan.extra_time_s - reference_s)
+                print(f"{name:<16}{costs:<10}{label:<10}{plan.saved_bytes:>11,}{predicted_ms:>14.2f}"
+                      f"{measured_ms:>13.2f}{se_ms:>8.2f}{predicted_ms - measured_ms:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()
