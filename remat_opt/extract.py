@@ -39,7 +39,7 @@ from thunder.core.transform_common import Transform, dce  # noqa: E402
 
 from costmodels.formulas import ANNOTATION_PREFIX, COUNTED_FLOPS_ATTR  # noqa: E402
 from remat_opt import graph as g  # noqa: E402
-from remat_opt.op_semantics import FallbackWork, fallback_work, is_random  # noqa: E402
+from remat_opt.op_semantics import FallbackWork, draws_random_itself, fallback_work, is_random  # noqa: E402
 from remat_opt.storage import StorageTracker  # noqa: E402
 
 TORCH_FUNCTION_ATTR = ANNOTATION_PREFIX + "torch_function"  # the torch function behind a fallback op
@@ -84,8 +84,9 @@ def _tensor_outs(bsym: BoundSymbol) -> list[TensorProxy]:
     return [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
 
 
-def _copy_marked(bsym: BoundSymbol, depth: int, inherited: dict[str, str] | None = None) -> BoundSymbol:
-    """Copies `bsym` recursively with fresh tag sets and adds origin markers to the copy.
+def _copy_marked(bsym: BoundSymbol, depth: int, inherited: dict[str, str] | None = None) -> tuple[BoundSymbol, bool]:
+    """Copies `bsym` recursively with fresh tag sets and adds origin markers to the copy; returns the
+    copy and whether its value depends on the RNG (decided bottom-up, each op checked once).
 
     A tag on a proxy makes autodiff recompute the *shallowest* bound symbol that outputs it (with
     its whole decomposition). So the unit a bound symbol is recomputed with is named by its first
@@ -102,13 +103,13 @@ def _copy_marked(bsym: BoundSymbol, depth: int, inherited: dict[str, str] | None
     shared = [inherited[o.name] for o in outs if o.name in inherited]
     unit = shared[0] if shared else (outs[0].name if outs else None)
     child_inherited = {**inherited, **{o.name: unit for o in outs}} if unit else inherited
-    subsymbols = [_copy_marked(s, depth + 1, child_inherited) for s in bsym.subsymbols]
-    copy = bsym.from_bsym(subsymbols=subsymbols, tags=set(bsym.tags))
-    random = is_random(bsym)
+    children = [_copy_marked(s, depth + 1, child_inherited) for s in bsym.subsymbols]
+    copy = bsym.from_bsym(subsymbols=[c for c, _ in children], tags=set(bsym.tags))
+    random = draws_random_itself(bsym) or any(r for _, r in children)
     copy.tags.add(_Origin(None, bsym.sym.name, depth, unit, random))
     for o in outs:
         o.tags.add(_Origin(o.name, bsym.sym.name, depth, inherited.get(o.name, unit), random))
-    return copy
+    return copy, random
 
 
 def _all_proxies(trace: TraceCtx) -> dict[int, Proxy]:
@@ -140,7 +141,7 @@ def dry_run(computation_trace: TraceCtx, executors_list) -> tuple[TraceCtx, Trac
     try:
         trace = from_trace(computation_trace)
         trace.names = set(computation_trace.names)
-        trace.bound_symbols = [_copy_marked(b, 0) for b in computation_trace.bound_symbols]
+        trace.bound_symbols = [_copy_marked(b, 0)[0] for b in computation_trace.bound_symbols]
         trace = dce(trace)
         trace = grad_transform_on_trace(trace)
         trace = transform_for_execution(trace, executors_list=executors_list, use_del_last_used=False)[-1]
@@ -189,7 +190,8 @@ def _attrs(bsym: BoundSymbol) -> tuple[tuple[str, object], ...]:
 def _op_tags(bsym: BoundSymbol, work: FallbackWork | None) -> frozenset[str]:
     tags = set()
     sym_tags = bsym.sym.tags or ()
-    if is_random(bsym) or any(m.is_random for m in _markers(bsym.tags)):  # executors may hide the draw
+    random = work.random if work is not None else is_random(bsym)  # the fallback op's run, reused
+    if random or any(m.is_random for m in _markers(bsym.tags)):  # executors may hide the draw
         tags.add("random")
     if work is not None:
         tags.add("fallback" if work.known else "fallback_unknown")

@@ -87,14 +87,20 @@ def torch_function_of(bsym: BoundSymbol) -> tuple[Callable, bool] | None:
     return (fn, qualname.startswith("backward_adaptor")) if fn is not None else None
 
 
-def is_random(bsym: BoundSymbol) -> bool:
-    """Whether `bsym`'s value depends on the RNG state (see the module docstring)."""
+def draws_random_itself(bsym: BoundSymbol) -> bool:
+    """Whether `bsym` itself draws from the RNG (its decomposition not looked at): a random prim or
+    tag, or a fallback op (no decomposition) whose torch function is seeded-nondeterministic."""
     if prims.OpTags.RANDOM_OP in (bsym.sym.tags or ()) or bsym.sym.id in RANDOM_PRIMS:
         return True
     if bsym.subsymbols:
-        return any(is_random(s) for s in bsym.subsymbols)
+        return False
     work = fallback_work(bsym)
     return work is not None and work.random
+
+
+def is_random(bsym: BoundSymbol) -> bool:
+    """Whether `bsym`'s value depends on the RNG state (see the module docstring)."""
+    return draws_random_itself(bsym) or any(is_random(s) for s in bsym.subsymbols)
 
 
 class _AtenRecorder(TorchDispatchMode):
