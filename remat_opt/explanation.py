@@ -145,6 +145,8 @@ def explain_step(step: PlannedStep) -> Explanation:
             )
         )
     save_all = step.problem.plan_for((), solver="save_all", status="baseline", solve_time_s=0.0)
+    if step.fusion is not None:  # what Thunder's own fusion pass saves without tags, not the unfused graph
+        save_all = step.fusion.save_all
     return Explanation(
         rows=tuple(rows),
         summary=plan.summary(),

@@ -130,6 +130,30 @@ class PlannedStep:
     cached: bool = False
     notes: tuple[str, ...] = field(default=())
     remarks: tuple[str, ...] = field(default=())  # for the user: where costs came from, what Thunder will save
+    fusion: FusionOutcome | None = None  # with a fusion executor: what Thunder's own pass made of the plan
+
+
+@dataclass(frozen=True)
+class FusionOutcome:
+    """A plan made through a fusion executor's pass (`remat_opt.fusion_search`).
+
+    `PlannedStep.graph` and `.problem` are then the unfused joint graph the solver planned on, and
+    `.plan`'s ``saved_bytes``, ``peak_bytes`` and ``saved_names`` are what Thunder's pass realizes
+    from its tags (a dry run), not the solver's unfused figures, which are kept here.
+
+    Attributes:
+        save_all: what Thunder saves with this executor and no tags (its own pass alone).
+        solver_saved_bytes: the solver's prediction on the unfused graph.
+        solver_peak_bytes: likewise for the step peak.
+        realized_graph: the fused joint graph of the dry run with the plan's tags.
+        rounds: one line per dry run of the search.
+    """
+
+    save_all: object  # fusion_search.Realized
+    solver_saved_bytes: int
+    solver_peak_bytes: int
+    realized_graph: JointGraph
+    rounds: tuple[str, ...] = ()
 
     def as_cached(self) -> PlannedStep:
         return replace(self, cached=True)

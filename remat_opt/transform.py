@@ -8,6 +8,7 @@ plan recomputes. Thunder's own autodiff then does the recomputation.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import warnings
 import weakref
@@ -23,7 +24,8 @@ from thunder.core.transform_common import Transform  # noqa: E402
 
 from remat_opt.cost_cache import with_auto_costs  # noqa: E402
 from remat_opt.errors import InfeasibleBudgetError  # noqa: E402
-from remat_opt.planning import PlanRequest, PlannedStep, plan_step  # noqa: E402
+from remat_opt.plan import RECOMPUTE, SAVE  # noqa: E402
+from remat_opt.planning import FusionOutcome, PlanRequest, PlannedStep, plan_step  # noqa: E402
 
 # The plan behind each computation trace CostRemat returned. Thunder keeps that trace in its cache
 # entry and reports it again on every cache hit (`thunder.last_traces`), so `explain(jitted)` finds
@@ -156,11 +158,15 @@ class CostRemat(Transform):
             if backward_trace is None:
                 return prologue_trace, _recorded(computation_trace, _NO_BACKWARD), epilogue_trace
             graph = extract.build_joint_graph(forward_trace, backward_trace, names)
+            if _has_fusion(graph):  # Thunder's fusion pass re-partitions after the tags: plan through it
+                through = _ThroughFusion(computation_trace, executors_list, names, graph)
+                graph, planner = through.graph, through.plan
+            else:
+                planner = functools.partial(plan_step, graph)
             request, costs_note = with_auto_costs(self.request, graph)
-            step = self._plan(graph, _thunderfx_subgraph(), request)
+            step = self._plan(graph, planner, _thunderfx_subgraph(), request)
             if costs_note:
                 step = replace(step, remarks=(*step.remarks, costs_note))
-            step = _check_after_fusion(step, computation_trace, executors_list, names)
             self._cache[key] = step
             for note, warn in extract.fallback_notes(graph.ops):
                 if warn:
@@ -172,14 +178,14 @@ class CostRemat(Transform):
         apply_recompute_tags(computation_trace, step.plan.recomputed_tag_targets)
         return prologue_trace, _recorded(computation_trace, step), epilogue_trace
 
-    def _plan(self, graph, subgraph, request: PlanRequest) -> PlannedStep:
+    def _plan(self, graph, planner, subgraph, request: PlanRequest) -> PlannedStep:
         """Plans one compilation. Under ThunderFX the model's budget is shared by Dynamo's subgraphs:
         each is planned, in the order they first run (the forward order), under the budget less the
         bytes the other subgraphs' plans save (all of them are alive together at the start of the
         backward). Exact for `activation_budget_gb`; for `budget_gb` the other subgraphs' saved bytes
         are taken off this subgraph's peak budget, a bound that ignores their transients."""
         if subgraph is None:
-            return plan_step(graph, request)
+            return planner(request)
         other_bytes = [b for g, b in self._subgraph_saved_bytes.items() if g is not subgraph]
         others, carried = sum(other_bytes), _carried_activation_bytes(subgraph, graph)
         taken = {"peak_budget_bytes": others, "activation_budget_bytes": others + carried}
@@ -193,7 +199,7 @@ class CostRemat(Transform):
             error.add_note(note)
             raise error
         try:
-            return plan_step(graph, replace(request, **{n: b - taken[n] for n, b in budgets.items()}))
+            return planner(replace(request, **{n: b - taken[n] for n, b in budgets.items()}))
         except InfeasibleBudgetError as e:
             e.add_note(note)
             raise
@@ -202,34 +208,123 @@ class CostRemat(Transform):
         return f"CostRemat({self.request.describe()})"
 
 
-def _check_after_fusion(step: PlannedStep, computation_trace, executors_list, names) -> PlannedStep:
-    """With fusion regions in the graph (nvFuser, its stand-in, torch.compile), Thunder's fusion pass
-    and rematerialization run again after our tags and re-partition: what Thunder then saves is not
-    what the plan predicts (issue 12). A dry run with the plan's tags applied says what it will save
-    (exactly, for the nvFuser stand-in); a difference is reported in `explain` and, when it breaks the
-    budget, in a warning. Nothing is checked without fusion regions or without tags."""
-    plan = step.plan
-    if not plan.recomputed_tag_targets or not any("fusion" in op.op_tags for op in step.graph.ops):
-        return step
-    from remat_opt.plan import simulate_peak_bytes
+def _has_fusion(graph) -> bool:
+    return any("fusion" in op.op_tags for op in graph.ops)
 
-    apply_recompute_tags(computation_trace, plan.recomputed_tag_targets)
-    tagged = extract.build_joint_graph(*extract.dry_run(computation_trace, executors_list), names)
-    saved, peak = tagged.saved_activation_bytes, simulate_peak_bytes(tagged)
-    if saved == plan.saved_bytes:
-        return step
-    message = (f"Thunder's fusion pass re-partitions after this plan's tags: it will save {saved:,} B of "
-               f"activations (planned {plan.saved_bytes:,} B), step peak {peak:,} B (planned {plan.peak_bytes:,} B)")
-    request = step.request
-    broken = []
-    if request.activation_budget_bytes is not None and saved > request.activation_budget_bytes:
-        broken.append(f"activation_budget_gb={request.activation_budget_bytes / 1e9:g}")
-    if request.peak_budget_bytes is not None and peak > request.peak_budget_bytes:
-        broken.append(f"budget_gb={request.peak_budget_bytes / 1e9:g}")
-    if broken:
-        warnings.warn(f"CostRemat: {message}; {' and '.join(broken)} will not hold (plans that survive Thunder's "
-                      "fusion pass are not built yet)", stacklevel=3)
-    return replace(step, remarks=(*step.remarks, message))
+
+class _ThroughFusion:
+    """Plans a compilation whose executors fuse (nvFuser, its stand-in, torch.compile): the solver
+    plans on the unfused joint graph and Thunder's own pass realizes each plan in a dry run, in a
+    loop (`remat_opt.fusion_search`); the realized bytes are the prediction."""
+
+    def __init__(self, computation_trace, executors_list, names, fused_graph):
+        from thunder.extend import FusionExecutor
+
+        self.trace, self.executors, self.names = computation_trace, executors_list, names
+        self.fused_graph = fused_graph
+        unfused = [ex for ex in executors_list if not isinstance(ex, FusionExecutor)]
+        self.graph = extract.build_joint_graph(*extract.dry_run(computation_trace, unfused), names)
+        self._realized: dict[tuple[str, ...], object] = {}  # tag targets -> realized fused graph
+        self._tried_units: set[str] = set()  # units `refine` added once (for the saved tensors they name)
+
+    def realized_graph(self, tag_targets):
+        key = tuple(sorted(tag_targets))
+        if key not in self._realized:
+            self._realized[key] = self.fused_graph if not key else _tagged_dry_run(
+                self.trace, self.executors, self.names, key)
+        return self._realized[key]
+
+    def realize(self, step: PlannedStep):
+        from remat_opt.fusion_search import Realized
+        from remat_opt.plan import simulate_peak_bytes
+
+        graph = self.realized_graph(step.plan.recomputed_tag_targets)
+        return Realized(graph.saved_activation_bytes, simulate_peak_bytes(graph))
+
+    def plan(self, request: PlanRequest) -> PlannedStep:
+        from remat_opt import fusion_search as fs
+
+        save_all = self.realize_tags(())
+        targets = {name: getattr(request, name) for name in (fs.ACTIVATION, fs.PEAK)
+                   if getattr(request, name) is not None}
+        no_budget = replace(request, activation_budget_bytes=None, peak_budget_bytes=None)
+        free = plan_step(self.graph, no_budget)  # recomputes only what costs no time (views)
+        free_realized = self.realize(free)
+        if all(free_realized.value(n) <= t for n, t in targets.items()) or \
+                all(save_all.value(n) <= t for n, t in targets.items()):
+            # the budget holds without recomputing anything that costs time: the smaller of the
+            # zero-time plan and no tags at all
+            use_free = free_realized.saved_bytes <= save_all.saved_bytes and all(
+                free_realized.value(n) <= t for n, t in targets.items())
+            step = free if use_free else replace(free, plan=_untagged(free.plan))
+            return self._finish(step, free_realized if use_free else save_all, save_all, ())
+        solver_save_all = fs.Realized(self.graph.saved_activation_bytes, free.plan.peak_bytes)
+        first_guess = {fs.ACTIVATION: lambda t: t * solver_save_all.saved_bytes // max(save_all.saved_bytes, 1),
+                       fs.PEAK: lambda t: t + solver_save_all.peak_bytes - save_all.peak_bytes}
+        result = fs.search_budgets(
+            targets,
+            plan_at=lambda budgets: plan_step(self.graph, replace(request, **budgets)),
+            realize=self.realize,
+            extra_time_s=lambda step: step.plan.extra_time_s,
+            solver_value=lambda step, name: step.plan.saved_bytes if name == fs.ACTIVATION else step.plan.peak_bytes,
+            first_guess={n: max(first_guess[n](t), 0) for n, t in targets.items()},
+            first_slope={fs.ACTIVATION: save_all.saved_bytes / max(solver_save_all.saved_bytes, 1)},
+            refine=self.refine,
+        )
+        return self._finish(result.plan, result.realized, save_all, result.rounds)
+
+    def refine(self, step: PlannedStep, overshoot: dict[str, int]) -> PlannedStep | None:
+        """`step` plus the units of what Thunder's pass still saves, enough to cover the overshoot."""
+        from remat_opt.fusion_search import units_to_add
+
+        tagged = step.problem.effective_units(step.plan.recomputed_tag_targets)
+        realized = self.realized_graph(step.plan.recomputed_tag_targets)
+        # a unit tried before that left its tensor saved would be chosen again: skip it
+        more = units_to_add(step.problem.units, {*tagged, *self._tried_units}, realized, max(overshoot.values()))
+        self._tried_units.update(more)
+        plan = step.problem.plan_for((*tagged, *more), solver=step.plan.solver.split("+")[0] + "+fusion",
+                                     status="heuristic", solve_time_s=step.plan.solve_time_s)
+        if set(plan.recomputed_tag_targets) == set(step.plan.recomputed_tag_targets):
+            return None
+        return replace(step, plan=plan)
+
+    def realize_tags(self, tag_targets):
+        from remat_opt.fusion_search import Realized
+        from remat_opt.plan import simulate_peak_bytes
+
+        graph = self.realized_graph(tag_targets)
+        return Realized(graph.saved_activation_bytes, simulate_peak_bytes(graph))
+
+    def _finish(self, step: PlannedStep, realized, save_all, rounds) -> PlannedStep:
+        graph = self.realized_graph(step.plan.recomputed_tag_targets)
+        outcome = FusionOutcome(save_all=save_all, solver_saved_bytes=step.plan.saved_bytes,
+                                solver_peak_bytes=step.plan.peak_bytes, realized_graph=graph,
+                                rounds=tuple(r.describe() for r in rounds))
+        plan = replace(step.plan, saved_bytes=realized.saved_bytes, peak_bytes=realized.peak_bytes,
+                       saved_names=tuple(graph.saved_names))
+        remark = (f"planned through Thunder's fusion pass ({len(rounds) + 1} dry run(s) with tags): it saves "
+                  f"{realized.saved_bytes:,} B, step peak {realized.peak_bytes:,} B, as predicted here; the solver's "
+                  f"unfused model said {step.plan.saved_bytes:,} B and {step.plan.peak_bytes:,} B; Thunder alone with "
+                  f"these executors saves {save_all.saved_bytes:,} B (peak {save_all.peak_bytes:,} B)")
+        return replace(step, plan=plan, fusion=outcome, remarks=(*step.remarks, remark))
+
+
+def _untagged(plan):
+    return replace(plan, recomputed_tag_targets=(), recompute_ops=(), extra_time_s=0.0,
+                   decisions=tuple(replace(d, action=SAVE) if d.action == RECOMPUTE else d for d in plan.decisions))
+
+
+def _tagged_dry_run(computation_trace, executors_list, names, tag_targets):
+    """The joint graph Thunder's passes make of `computation_trace` with `tag_targets` tagged; the
+    tags are removed again."""
+    proxies = _proxies_by_name(computation_trace)
+    added = [p for t in tag_targets for p in proxies.get(t, ()) if ProxyTag.RECOMPUTE_IN_BACKWARD not in p.tags]
+    apply_recompute_tags(computation_trace, tag_targets)
+    try:
+        return extract.build_joint_graph(*extract.dry_run(computation_trace, executors_list), names)
+    finally:
+        for p in added:
+            p.tags.discard(ProxyTag.RECOMPUTE_IN_BACKWARD)
 
 
 _KIND = {"peak_budget_bytes": "peak_budget_bytes", "activation_budget_bytes": "budget_bytes"}

@@ -56,7 +56,8 @@ def _eager_grads(name: str) -> dict[str, torch.Tensor]:
 
 def _run(name: str, transform: CostRemat, executors="fused"):
     model, inputs = _model(name)
-    jitted = thunder.jit(model, transforms=[transform], executors=executor_list(executors))
+    executors = executor_list(executors) if isinstance(executors, str) else executors
+    jitted = thunder.jit(model, transforms=[transform], executors=executors)
     measured = measure_saved_bytes(jitted, *inputs)
     measured.output.float().sum().backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
@@ -114,14 +115,30 @@ class TestPythia(_BudgetRuns):
     name = "pythia-14m"
 
 
-def test_torch_compile_executor_family():
-    budget = budget_bytes("Llama-2-7b-hf")["50%"]
+def _torch_compile_executors(order: str) -> list:
+    """Thunder's torch.compile executor first (the CLI's ``--executors torch-compile``) or after the
+    fused SDPA executor (then SDPA stays out of the TorchCompile regions)."""
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    if order == "torch-compile-first":
+        return executor_list("torch-compile")
+    return [remat_opt.sdpa_cpu_ex, torch_compile_ex, *thunder.get_default_executors()]
+
+
+@pytest.mark.parametrize("order", ["torch-compile-first", "sdpa-first"])
+def test_torch_compile_executor_family(order):
+    """Issue 12: with a fusion executor, the budget is half of *that configuration's own* save-all,
+    so the plan must recompute through Thunder's fusion pass and still hold, to the byte."""
+    executors = _torch_compile_executors(order)
+    model, inputs = _model("Llama-2-7b-hf")
+    save_all = remat_opt.analyze(model, *inputs, executors=executors).saved_activation_bytes
+    budget = save_all // 2
     transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
-    jitted, measured, grads = _run("Llama-2-7b-hf", transform, executors="torch-compile")
+    jitted, measured, grads = _run("Llama-2-7b-hf", transform, executors=executors)
     step = last_planned_step(jitted)
-    assert measured.activation_bytes <= budget
-    assert measured.activation_bytes == step.plan.saved_bytes
-    assert any(op.symbol.startswith("TorchCompile") for op in step.graph.ops)
+    assert measured.activation_bytes == step.plan.saved_bytes <= budget
+    assert step.plan.recomputed_tag_targets and step.fusion.save_all.saved_bytes == save_all
+    assert any(op.symbol.startswith("TorchCompile") for op in step.fusion.realized_graph.ops)
     for param, expected in _eager_grads("Llama-2-7b-hf").items():
         torch.testing.assert_close(grads[param], expected, msg=param)
     peak = measure_step_peak_bytes(jitted, *_model("Llama-2-7b-hf")[1])

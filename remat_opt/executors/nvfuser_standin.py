@@ -144,10 +144,12 @@ def _region_callable(bsyms: list[BoundSymbol], inputs: list, outputs: list):
     run = transform_for_execution(region, executors_list=(torch_ex,)).python_callable(include_decorators=False)
 
     def run_region(*args):
-        # nvFuser writes every output to a fresh allocation; torch ops may return views (of an input,
-        # or of a larger intermediate whose whole storage a saved view would keep alive)
+        # nvFuser writes every output to a fresh, contiguous allocation; torch ops may return views (of
+        # an input, or of a larger intermediate whose whole storage a saved view would keep alive) and
+        # strided tensors (a transpose; its strides would decide whether a later reshape copies)
         outs = run(*args)
-        fresh = [o.clone() if isinstance(o, torch.Tensor) and o._base is not None else o for o in outs]
+        fresh = [o.clone(memory_format=torch.contiguous_format)
+                 if isinstance(o, torch.Tensor) and (o._base is not None or not o.is_contiguous()) else o for o in outs]
         return type(outs)(fresh) if isinstance(outs, (tuple, list)) else fresh
 
     return run_region
@@ -159,6 +161,7 @@ class NvFuserStandIn(FusionExecutor):
 
     def __init__(self):
         super().__init__("nvfuser_standin", version="thunder-0.2.6-nvfuser-registrations")
+        self._use_rematerialization = True  # as nvFuser's executor
         for sym_id in claimed_ids():
             self.register_supported(sym_id, _checker)
 
@@ -196,7 +199,8 @@ class NvFuserStandIn(FusionExecutor):
             counter += 1
         fused.bound_symbols = bsyms_out
         passes = nvfuser_passes()
-        fused = rematerialize(fused)
+        if self._use_rematerialization:
+            fused = rematerialize(fused)
         fused = passes["remove_redundant_casts"](fused)
         fused = dce(passes["cse"](self, fused))
         fused = update_fusion_call_ctx(fused)
