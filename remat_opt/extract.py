@@ -40,7 +40,7 @@ from thunder.core.transform_common import Transform, dce  # noqa: E402
 from costmodels.formulas import ANNOTATION_PREFIX, COUNTED_FLOPS_ATTR  # noqa: E402
 from remat_opt import graph as g  # noqa: E402
 from remat_opt.op_semantics import FallbackWork, draws_random_itself, fallback_work, is_random  # noqa: E402
-from remat_opt.storage import StorageTracker  # noqa: E402
+from remat_opt.storage import StorageTracker, member_workspace_bytes  # noqa: E402
 
 TORCH_FUNCTION_ATTR = ANNOTATION_PREFIX + "torch_function"  # the torch function behind a fallback op
 
@@ -226,8 +226,18 @@ def _op_node(bsym: BoundSymbol, name: str, is_backward: bool, index: int, member
         members=tuple(members),
         op_tags=_op_tags(bsym, work),
         tag_units=() if is_backward else _tag_units(bsym),
-        workspace_bytes=work.workspace_bytes if work is not None else 0,
+        workspace_bytes=work.workspace_bytes if work is not None else _region_workspace_bytes(bsym),
     )
+
+
+def _region_workspace_bytes(bsym: BoundSymbol) -> int:
+    """What a fusion region allocates for itself while it runs, where its members run one by one
+    (the nvFuser stand-in on a CPU trace); 0 for real fusions and on meta (nvFuser keeps them in
+    registers)."""
+    run = (getattr(bsym, "_call_ctx", None) or {}).get(bsym.sym.name) if bsym.sym.is_fusion else None
+    trace = getattr(run, "member_trace", None)
+    on_cpu = any(isinstance(p, TensorProxy) and p.device.type == "cpu" for p in bsym.flat_proxy_args)
+    return member_workspace_bytes(trace) if trace is not None and on_cpu else 0
 
 
 def _fusion_members(bsym: BoundSymbol, prefix: str, is_backward: bool) -> list[g.OpNode]:

@@ -142,3 +142,52 @@ class StorageTracker:
             storage_bytes=storage_bytes,
             kind=kind,
         )
+
+
+def member_workspace_bytes(member_trace) -> int:
+    """What a fusion region whose members run one by one (the nvFuser stand-in on CPU) adds to the
+    step's live bytes while it runs, beyond its outputs: the peak of its own tensors (internals until
+    their last use, outputs made so far) less its outputs, each a fresh tensor as the step counts them. `member_trace` is the region's
+    executable trace (torch ops); views share their base's storage (ops run on meta)."""
+    from thunder.core.prims import PrimIDs
+
+    bsyms = [b for b in member_trace.bound_symbols
+             if b.sym.id not in (PrimIDs.UNPACK_TRIVIAL, PrimIDs.RETURN, PrimIDs.DEL)]
+    tracker = StorageTracker()
+    inputs = [a for a in member_trace.args if isinstance(a, TensorProxy)]
+    for a in inputs:
+        tracker.add_input(a, kind="input")
+    ctx = member_trace.python_ctx()
+    for bsym in bsyms:
+        tracker.run(bsym, kind="internal", trace_ctx=ctx)
+    nodes = tracker.tensor_nodes()
+    returned = member_trace.bound_symbols[-1].args[0] if member_trace.bound_symbols else ()
+    input_storages = {nodes[p.name].storage for p in inputs if p.name in nodes}
+    output_storages = {nodes[p.name].storage for p in returned if isinstance(p, TensorProxy) and p.name in nodes}
+    output_storages -= input_storages
+    last_use = {}
+    for i, bsym in enumerate(bsyms):
+        for p in bsym.flat_proxy_args:
+            if p.name in nodes:
+                last_use[nodes[p.name].storage] = i
+    # live bytes of the region's own tensors after each member: internals (freed after their last
+    # use) and the outputs made so far; the step's simulation counts every output from the start, so
+    # the workspace is what exceeds them
+    seen, internal_live, outputs_live, peak = set(input_storages), {}, 0, 0
+    for i, bsym in enumerate(bsyms):
+        for p in bsym.flat_proxy_outs:
+            node = nodes.get(p.name)
+            if node is None or node.storage in seen:
+                continue
+            seen.add(node.storage)
+            if node.storage in output_storages:
+                outputs_live += nodes[node.storage].storage_bytes
+            else:
+                internal_live[node.storage] = nodes[node.storage].storage_bytes
+        peak = max(peak, sum(internal_live.values()) + outputs_live)
+        for storage in [s for s in internal_live if last_use.get(s, i) <= i]:
+            del internal_live[storage]
+    # the region returns fresh copies of view outputs (nvFuser allocates every output), and the step
+    # counts each output as its own storage
+    fresh_outputs_bytes = sum(_numel(p.shape) * _element_bytes(p) for p in returned if isinstance(p, TensorProxy))
+    return max(peak - fresh_outputs_bytes, 0)

@@ -45,7 +45,7 @@ from thunder.core.rematerialization import rematerialize, replace_uniform  # noq
 from thunder.core.symbol import BoundSymbol, Symbol  # noqa: E402
 from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx  # noqa: E402
 from thunder.core.transform_common import dce  # noqa: E402
-from thunder.executors.passes import transform_for_execution, update_fusion_call_ctx  # noqa: E402
+from thunder.executors.passes import del_last_used, transform_for_execution, update_fusion_call_ctx  # noqa: E402
 from thunder.executors.utils import Region  # noqa: E402
 from thunder.extend import FusionExecutor  # noqa: E402
 
@@ -141,7 +141,9 @@ def _region_callable(bsyms: list[BoundSymbol], inputs: list, outputs: list):
                 region.add_name(o.name)
     region._siginfo = SigInfo("nvfuser_standin_region")
     region._siginfo.args = [(a.name, None) for a in inputs]
-    run = transform_for_execution(region, executors_list=(torch_ex,)).python_callable(include_decorators=False)
+    # each member's output is freed after its last use, as Thunder frees a trace's tensors
+    executable = del_last_used(transform_for_execution(region, executors_list=(torch_ex,)))
+    run = executable.python_callable(include_decorators=False)
 
     def run_region(*args):
         # nvFuser writes every output to a fresh, contiguous allocation; torch ops may return views (of
@@ -152,6 +154,7 @@ def _region_callable(bsyms: list[BoundSymbol], inputs: list, outputs: list):
                  if isinstance(o, torch.Tensor) and (o._base is not None or not o.is_contiguous()) else o for o in outs]
         return type(outs)(fresh) if isinstance(outs, (tuple, list)) else fresh
 
+    run_region.member_trace = executable  # what the region allocates for itself, for the peak
     return run_region
 
 

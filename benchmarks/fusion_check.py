@@ -1,0 +1,95 @@
+"""Plans through a fusion executor's pass, checked on CPU: budgets hold, predictions are exact.
+
+For each model, with the nvFuser stand-in (or ``--executors torch-compile``), runs `CostRemat` at
+activation budgets of save-all, 75, 50 and 25% of *this configuration's own* save-all (what Thunder
+saves with these executors and no plan) and the minimum, and at three step-peak budgets between
+the save-all peak and it less three quarters of the save-all activations. Per run it prints the
+predicted and measured saved bytes (`measure_saved_bytes`), predicted and measured step peak
+(`measure_step_peak_bytes`), the largest gradient difference from eager, the dry runs the search
+took and the compile time. Figures of the README and the issue-12 closing note come from here.
+
+    .venv/bin/python benchmarks/fusion_check.py                       # block + six tiny families, stand-in
+    .venv/bin/python benchmarks/fusion_check.py --models block --executors torch-compile
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+from remat_opt import _compat  # noqa: F401
+
+import thunder  # noqa: E402
+import torch  # noqa: E402
+
+from remat_opt import CostRemat, InfeasibleBudgetError, analyze  # noqa: E402
+from remat_opt.examples import block  # noqa: E402
+from remat_opt.executors import executors_for  # noqa: E402
+from remat_opt.measure import measure_saved_bytes, measure_step_peak_bytes  # noqa: E402
+from remat_opt.models import ModelSpec, build_model  # noqa: E402
+from remat_opt.plan import simulate_peak_bytes  # noqa: E402
+from remat_opt.transform import last_planned_step  # noqa: E402
+
+FAMILIES = ("block", "Llama-2-7b-hf", "Llama-3-8B", "Mistral-7B-v0.1", "gemma-2b", "phi-2", "pythia-14m")
+
+
+def _model(name: str, n_layer: int):
+    if name == "block":
+        return block(batch=2, seq=32)
+    return build_model(ModelSpec(name, n_layer=n_layer, device="cpu", tiny=True))
+
+
+def _eager_grads(model, inputs) -> list[torch.Tensor]:
+    model(*inputs).float().sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def _run(model, inputs, executors, eager, **budget) -> str:
+    model.zero_grad(set_to_none=True)
+    start = time.perf_counter()
+    jitted = thunder.jit(model, transforms=[CostRemat(device_spec="cpu", **budget)], executors=executors)
+    try:
+        measured = measure_saved_bytes(jitted, *inputs)
+    except InfeasibleBudgetError as e:
+        return f"infeasible: {str(e).splitlines()[0]}"
+    compile_s = time.perf_counter() - start
+    measured.output.float().sum().backward()
+    error = max((p.grad - g).abs().max().item() for p, g in zip(model.parameters(), eager))
+    model.zero_grad(set_to_none=True)
+    step = last_planned_step(jitted)
+    peak = measure_step_peak_bytes(jitted, *inputs)
+    rounds = len(step.fusion.rounds) + 1 if step.fusion else 0
+    saved_ok = "=" if measured.activation_bytes == step.plan.saved_bytes else "!="
+    return (f"saved {step.plan.saved_bytes:>9,} {saved_ok} {measured.activation_bytes:>9,} B | peak "
+            f"{step.plan.peak_bytes:>9,} vs {peak.peak_bytes:>9,} B ({peak.peak_bytes / step.plan.peak_bytes - 1:+.2%}) | "
+            f"+{step.plan.extra_time_s * 1e3:.3f} ms | grad err {error:.1e} | {rounds} dry runs, {compile_s:.0f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(FAMILIES))
+    parser.add_argument("--executors", default="nvfuser-standin", choices=("nvfuser-standin", "torch-compile"))
+    parser.add_argument("--n-layer", type=int, default=1)
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    executors = executors_for(args.executors)
+    for name in args.models:
+        model, inputs = _model(name, args.n_layer)
+        eager = _eager_grads(model, inputs)
+        graph = analyze(model, *inputs, executors=executors)
+        save_all, save_all_peak = graph.saved_activation_bytes, simulate_peak_bytes(graph)
+        print(f"\n{name} ({args.executors}): Thunder alone saves {save_all:,} B, step peak {save_all_peak:,} B", flush=True)
+        for label, fraction in (("save-all", 1.0), ("75%", 0.75), ("50%", 0.5), ("25%", 0.25), ("minimum", 0.0)):
+            line = _run(model, inputs, executors, eager, activation_budget_gb=int(fraction * save_all) / 1e9)
+            print(f"  activations {label:>8}: {line}", flush=True)
+        for quarters in (1, 2, 3):
+            budget = save_all_peak - quarters * save_all // 4
+            line = _run(model, inputs, executors, eager, budget_gb=budget / 1e9)
+            print(f"  peak {budget:>11,} B: {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
