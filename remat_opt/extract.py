@@ -144,12 +144,26 @@ def dry_run(computation_trace: TraceCtx, executors_list) -> tuple[TraceCtx, Trac
         trace.bound_symbols = [_copy_marked(b, 0)[0] for b in computation_trace.bound_symbols]
         trace = dce(trace)
         trace = grad_transform_on_trace(trace)
+        trace = _sort_waits_as_thunder_does(trace, executors_list)
         trace = transform_for_execution(trace, executors_list=executors_list, use_del_last_used=False)[-1]
         return split_into_forward_and_backward(trace)
     finally:
         for key, p in proxies.items():
             p.tags.clear()
             p.tags.update(saved_tags[key])
+
+
+def _sort_waits_as_thunder_does(joint_trace: TraceCtx, executors_list) -> TraceCtx:
+    """What Thunder 0.2.6 does between autodiff and the executors' passes when the trace has
+    collectives (FSDP, DDP: ``thunder/__init__.py``): claim ops for the executors, then move each
+    ``wait`` as late as possible (`thunder.distributed.utils.sort_waits`). Without it, DDP's gradient
+    bucketing fails on the joint trace, and the order of all-gathers and waits differs from the run."""
+    from thunder.distributed.utils import maybe_sort_waits
+    from thunder.executors.passes import _transform_for_operator_executor_execution
+
+    claimed = _transform_for_operator_executor_execution(joint_trace, executors_list)
+    is_sorted, claimed = maybe_sort_waits(claimed)
+    return claimed if is_sorted else joint_trace
 
 
 def needs_backward(computation_trace: TraceCtx) -> bool:
