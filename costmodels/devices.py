@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass, replace
 
 from costmodels.formulas import OpCost
+from costmodels.interconnect import GLOO_LOOPBACK, NVLINK3, NVLINK4, PCIE4, Interconnect, collective_time_s
 
 TERA = 1e12
 
@@ -67,6 +68,8 @@ class DeviceSpec:
         cache_bytes: an op whose bytes fit in this much cache moves them at `cache_bandwidth_bytes_per_s`
             (0: always memory bandwidth).
         cache_bandwidth_bytes_per_s: bandwidth of cache-resident data.
+        interconnect: the link collectives between ranks use (`costmodels.interconnect`); a GPU's
+            intra-node link by default (`with_interconnect` for another, e.g. InfiniBand across nodes).
     """
 
     name: str
@@ -79,6 +82,7 @@ class DeviceSpec:
     source: str
     cache_bytes: int = 0
     cache_bandwidth_bytes_per_s: float = 0.0
+    interconnect: Interconnect = GLOO_LOOPBACK
 
     def matrix_peak(self, dtype: str) -> float:
         """Matrix FLOP/s for `dtype` (float32's for a dtype the sheet does not list)."""
@@ -98,7 +102,8 @@ def _lookup(pairs: tuple[tuple[str, float], ...], dtype: str, device: str) -> fl
 
 
 def _gpu(
-    name: str, matrix_tflops: dict, vector_tflops: dict, bandwidth_tb_s: float, special_t: float, source: str
+    name: str, matrix_tflops: dict, vector_tflops: dict, bandwidth_tb_s: float, special_t: float, source: str,
+    interconnect: Interconnect,
 ) -> DeviceSpec:
     return DeviceSpec(
         name=name,
@@ -109,6 +114,7 @@ def _gpu(
         launch_overhead_s=GPU_LAUNCH_OVERHEAD_S,
         view_overhead_s=GPU_VIEW_OVERHEAD_S,
         source=source,
+        interconnect=interconnect,
     )
 
 
@@ -119,8 +125,8 @@ _HOPPER_VECTOR = {"float64": 34.0, "float32": 67.0}
 GPU_SPECS: dict[str, DeviceSpec] = {
     spec.name: spec
     for spec in (
-        _gpu("H100-SXM", _HOPPER_MATRIX, _HOPPER_VECTOR, 3.35, 4.18, "NVIDIA H100 datasheet (SXM5 80GB)"),
-        _gpu("H200", _HOPPER_MATRIX, _HOPPER_VECTOR, 4.8, 4.18, "NVIDIA H200 datasheet (SXM 141GB)"),
+        _gpu("H100-SXM", _HOPPER_MATRIX, _HOPPER_VECTOR, 3.35, 4.18, "NVIDIA H100 datasheet (SXM5 80GB)", NVLINK4),
+        _gpu("H200", _HOPPER_MATRIX, _HOPPER_VECTOR, 4.8, 4.18, "NVIDIA H200 datasheet (SXM 141GB)", NVLINK4),
         _gpu(
             "A100-80GB",
             {"float64": 19.5, "float32": 19.5, "tfloat32": 156.0, "bfloat16": 312.0, "float16": 312.0},
@@ -128,6 +134,7 @@ GPU_SPECS: dict[str, DeviceSpec] = {
             2.039,
             2.44,
             "NVIDIA A100 datasheet (80GB SXM)",
+            NVLINK3,
         ),
         _gpu(
             "L40S",
@@ -136,6 +143,7 @@ GPU_SPECS: dict[str, DeviceSpec] = {
             0.864,
             5.73,
             "NVIDIA L40S datasheet",
+            PCIE4,
         ),
     )
 }
@@ -153,6 +161,12 @@ def with_tf32(spec: DeviceSpec) -> DeviceSpec:
         return spec
     table["float32"] = table["tfloat32"]
     return replace(spec, matrix_flops_per_s=tuple(table.items()), name=f"{spec.name}+tf32")
+
+
+def with_interconnect(spec: DeviceSpec, interconnect: Interconnect) -> DeviceSpec:
+    """`spec` with collectives over `interconnect` (e.g. `costmodels.interconnect.INFINIBAND_NDR`
+    when the ranks span nodes)."""
+    return replace(spec, interconnect=interconnect, name=f"{spec.name}+{interconnect.name}")
 
 
 def get_device_spec(name: str) -> DeviceSpec:
@@ -371,6 +385,8 @@ NOMINAL_CPU = DeviceSpec(
 
 def roofline_time_s(cost: OpCost, spec: DeviceSpec) -> float:
     """Roofline time of one op: compute or memory bound, plus its launch overheads."""
+    if cost.collective_calls:  # communication: the link's time, not the device's
+        return collective_time_s(cost.network_bytes, cost.collective_calls, spec.interconnect)
     if cost.kernels == 0:  # a torch view pays the dispatcher; Thunder bookkeeping pays nothing
         return 0.0 if cost.formula == "free" else spec.view_overhead_s
     compute_s = (

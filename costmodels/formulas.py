@@ -129,6 +129,9 @@ class OpCost:
         formula: registry entry that produced it (``"matmul"``, ``"fusion"``, ``"fallback"``, ...).
         time_s: predicted or measured time in seconds (None until a cost model sets it).
         source: ``"formula"`` (roofline over this cost) or ``"measured"`` (a cost table entry).
+        network_bytes: bytes this rank sends over the interconnect (collectives; 0 otherwise).
+        collective_calls: collective calls issued (each pays the link's latency); an op with any
+            is timed by the interconnect, not the roofline.
     """
 
     flops: int
@@ -142,6 +145,8 @@ class OpCost:
     formula: str = ""
     time_s: float | None = None
     source: str = "formula"
+    network_bytes: int = 0
+    collective_calls: int = 0
 
     @property
     def effective_flops(self) -> int:
@@ -677,3 +682,37 @@ def with_time(cost: OpCost, time_s: float, source: str) -> OpCost:
     if source not in ("formula", "measured"):
         raise ValueError(f"source must be 'formula' or 'measured', got {source!r}")
     return replace(cost, time_s=float(time_s), source=source)
+
+
+# ---------------------------------------------------------------------------------------------
+# Collectives (Thunder's distributed prims and their torch implementations)
+# ---------------------------------------------------------------------------------------------
+
+# On a collective op: ranks in its process group (the graph builder reads it off the group).
+WORLD_SIZE_ATTR = "@world_size"
+# Collective kinds by symbol; their time is the interconnect's (`costmodels.interconnect`).
+COLLECTIVE_KINDS = {
+    "torch_all_gather_prim_impl": "all_gather", "all_gather": "all_gather",
+    "torch_reduce_scatter_prim_impl": "reduce_scatter", "reduce_scatter": "reduce_scatter",
+    "torch_all_reduce_prim_impl": "all_reduce", "all_reduce": "all_reduce",
+}  # fmt: skip
+WAIT_SYMBOLS = ("torch_wait_prim_impl", "wait")
+
+
+def collective_cost(args: OpArgs) -> OpCost:
+    """A ring collective over its first input: an all-gather's input is this rank's shard (the full
+    tensor is world_size times it), a reduce-scatter's and an all-reduce's the full tensor."""
+    from costmodels.interconnect import ring_bytes_per_rank
+
+    kind = COLLECTIVE_KINDS[args.symbol]
+    world_size = int(args.attr(WORLD_SIZE_ATTR, 1))
+    first = args.inputs[0].nbytes if args.inputs else 0
+    full_bytes = first * world_size if kind == "all_gather" else first
+    written = full_bytes if kind == "all_gather" else full_bytes // world_size if kind == "reduce_scatter" else first
+    return _cost(args, f"collective:{kind}", bytes_read=first, bytes_written=written,
+                 network_bytes=ring_bytes_per_rank(kind, full_bytes, world_size), collective_calls=1)
+
+
+register_cost(*COLLECTIVE_KINDS)(_named(collective_cost, "collective"))
+# waiting returns the collective's buffer: its time is the collective's
+register_cost(*WAIT_SYMBOLS)(metadata_cost("free"))

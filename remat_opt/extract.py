@@ -31,13 +31,19 @@ import thunder  # noqa: E402
 import torch  # noqa: E402
 from thunder.common import transform_for_execution  # noqa: E402
 from thunder.core import prims  # noqa: E402
-from thunder.core.proxies import Proxy, TensorProxy  # noqa: E402
+from thunder.core.proxies import FutureTensorProxy, Proxy, TensorProxy  # noqa: E402
 from thunder.core.pytree import tree_iter  # noqa: E402
 from thunder.core.symbol import BoundSymbol  # noqa: E402
 from thunder.core.trace import TraceCtx, from_trace  # noqa: E402
 from thunder.core.transform_common import Transform, dce  # noqa: E402
 
-from costmodels.formulas import ANNOTATION_PREFIX, COUNTED_FLOPS_ATTR  # noqa: E402
+from costmodels.formulas import (  # noqa: E402
+    ANNOTATION_PREFIX,
+    COLLECTIVE_KINDS,
+    COUNTED_FLOPS_ATTR,
+    WAIT_SYMBOLS,
+    WORLD_SIZE_ATTR,
+)
 from remat_opt import graph as g  # noqa: E402
 from remat_opt.op_semantics import FallbackWork, draws_random_itself, fallback_work, is_random  # noqa: E402
 from remat_opt.storage import StorageTracker, member_workspace_bytes  # noqa: E402
@@ -80,8 +86,13 @@ class _CaptureDone(Exception):
     """Raised by `GraphCapture(stop=True)` to end a compilation once the graph is captured."""
 
 
+# A collective's future (`FutureTensorProxy`, not a TensorProxy) is a tensor of the graph: it holds
+# the collective's output buffer from the call to its `wait`, which returns that buffer.
+GRAPH_TENSORS = (TensorProxy, FutureTensorProxy)
+
+
 def _tensor_outs(bsym: BoundSymbol) -> list[TensorProxy]:
-    return [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
+    return [o for o in bsym.flat_proxy_outs if isinstance(o, GRAPH_TENSORS)]
 
 
 def _copy_marked(bsym: BoundSymbol, depth: int, inherited: dict[str, str] | None = None) -> tuple[BoundSymbol, bool]:
@@ -144,12 +155,26 @@ def dry_run(computation_trace: TraceCtx, executors_list) -> tuple[TraceCtx, Trac
         trace.bound_symbols = [_copy_marked(b, 0)[0] for b in computation_trace.bound_symbols]
         trace = dce(trace)
         trace = grad_transform_on_trace(trace)
+        trace = _sort_waits_as_thunder_does(trace, executors_list)
         trace = transform_for_execution(trace, executors_list=executors_list, use_del_last_used=False)[-1]
         return split_into_forward_and_backward(trace)
     finally:
         for key, p in proxies.items():
             p.tags.clear()
             p.tags.update(saved_tags[key])
+
+
+def _sort_waits_as_thunder_does(joint_trace: TraceCtx, executors_list) -> TraceCtx:
+    """What Thunder 0.2.6 does between autodiff and the executors' passes when the trace has
+    collectives (FSDP, DDP: ``thunder/__init__.py``): claim ops for the executors, then move each
+    ``wait`` as late as possible (`thunder.distributed.utils.sort_waits`). Without it, DDP's gradient
+    bucketing fails on the joint trace, and the order of all-gathers and waits differs from the run."""
+    from thunder.distributed.utils import maybe_sort_waits
+    from thunder.executors.passes import _transform_for_operator_executor_execution
+
+    claimed = _transform_for_operator_executor_execution(joint_trace, executors_list)
+    is_sorted, claimed = maybe_sort_waits(claimed)
+    return claimed if is_sorted else joint_trace
 
 
 def needs_backward(computation_trace: TraceCtx) -> bool:
@@ -201,7 +226,22 @@ def _op_tags(bsym: BoundSymbol, work: FallbackWork | None) -> frozenset[str]:
         tags.add("matmul")
     if bsym.sym.is_fusion:
         tags.add("fusion")
+    if bsym.sym.name in COLLECTIVE_KINDS or bsym.sym.name in WAIT_SYMBOLS:
+        tags.add("collective")
+        # FSDP's all-gather of a weight (and its wait), from a pre-autodiff `synchronize`: re-gathering
+        # it in the backward is the one recomputation of a collective that is allowed
+        if COLLECTIVE_KINDS.get(bsym.sym.name, "all_gather") == "all_gather" and any(
+                m.symbol == "synchronize" for m in _markers(bsym.tags)):
+            tags.add("regather")
     return frozenset(tags)
+
+
+def _world_size(bsym: BoundSymbol) -> int | None:
+    """Ranks in the process group a collective op runs over (None: not a collective)."""
+    from torch.distributed import ProcessGroup
+
+    group = next((a for a in (*bsym.args, *bsym.kwargs.values()) if isinstance(a, ProcessGroup)), None)
+    return group.size() if group is not None else None
 
 
 def _tag_units(bsym: BoundSymbol) -> tuple[str, ...]:
@@ -215,12 +255,14 @@ def _op_node(bsym: BoundSymbol, name: str, is_backward: bool, index: int, member
     attrs = _attrs(bsym)
     if work is not None and work.known:
         attrs = (*attrs, (TORCH_FUNCTION_ATTR, work.torch_function), (COUNTED_FLOPS_ATTR, work.flops))
+    if (world_size := _world_size(bsym)) is not None:
+        attrs = (*attrs, (WORLD_SIZE_ATTR, world_size))
     return g.OpNode(
         name=name,
         symbol=bsym.sym.name,
         is_backward=is_backward,
         index=index,
-        inputs=tuple(p.name for p in bsym.flat_proxy_args if isinstance(p, TensorProxy)),
+        inputs=tuple(p.name for p in bsym.flat_proxy_args if isinstance(p, GRAPH_TENSORS)),
         outputs=tuple(p.name for p in _tensor_outs(bsym)),
         attrs=attrs,
         members=tuple(members),

@@ -398,6 +398,8 @@ def _check_allowed(graph: JointGraph, op_names: Iterable[str], pinned, targets) 
         op = by_name[name]
         if op.op_tags & {"random", "dont_recompute"}:
             errors.append(f"op {name} ({op.symbol}) is {sorted(op.op_tags & {'random', 'dont_recompute'})}")
+        if "collective" in op.op_tags and "regather" not in op.op_tags:
+            errors.append(f"op {name} ({op.symbol}) is a collective other than an FSDP weight's all-gather")
         for out in op.outputs:
             origin = graph.origins.get(out)
             if out in outputs:

@@ -29,6 +29,7 @@ REASON_RANDOM_OP = "random op: recomputing would draw new numbers"
 REASON_DONT_RECOMPUTE = "op marked dont_recompute"
 REASON_FORWARD_OUTPUT = "writes a forward output"
 REASON_PINNED = "pinned by the user"
+REASON_COLLECTIVE = "collective: never recomputed, except an FSDP weight's all-gather as a planned re-gather"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,8 @@ def _disallow_reason(graph: JointGraph, target: str, ops: list[OpNode], pinned: 
             return f"{REASON_RANDOM_OP}: {op.name}"
         if "dont_recompute" in op.op_tags:
             return f"{REASON_DONT_RECOMPUTE}: {op.name}"
+        if "collective" in op.op_tags and not is_regather_unit(ops):
+            return f"{REASON_COLLECTIVE}: {op.name} ({op.symbol})"
         for out in op.outputs:
             origin = graph.origins.get(out)
             if out in outputs:
@@ -88,6 +91,12 @@ def _disallow_reason(graph: JointGraph, target: str, ops: list[OpNode], pinned: 
             if origin is None or not origin.taggable:
                 return f"{REASON_NOT_TAGGABLE}: {out} ({origin.reason if origin else 'no origin'})"
     return ""
+
+
+def is_regather_unit(ops: list[OpNode]) -> bool:
+    """Whether a unit's ops are exactly one FSDP weight's all-gather and wait: tagging it re-gathers
+    the unsharded weight in the backward instead of keeping it (its cost is communication)."""
+    return bool(ops) and all("regather" in op.op_tags for op in ops)
 
 
 def _make_unit(graph: JointGraph, target: str, ops: list[OpNode], op_time_s, pinned) -> RecomputeUnit:

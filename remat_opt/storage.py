@@ -19,9 +19,10 @@ from torch.overrides import TorchFunctionMode
 
 from remat_opt import _compat  # noqa: F401  (before thunder)
 from thunder.core import dtypes  # noqa: E402
-from thunder.core.proxies import TensorProxy  # noqa: E402
+from thunder.core.proxies import FutureTensorProxy, TensorProxy  # noqa: E402
 from thunder.core.symbol import BoundSymbol  # noqa: E402
 
+from costmodels.formulas import COLLECTIVE_KINDS, WAIT_SYMBOLS  # noqa: E402
 from remat_opt.graph import TensorNode  # noqa: E402
 
 
@@ -81,8 +82,13 @@ class StorageTracker:
             kind: the `TensorNode.kind` of its outputs.
             trace_ctx: the trace's `python_ctx()` (the names its printed program refers to).
         """
-        outs = [o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy)]
-        if bsym.sym.is_fusion:
+        outs = [o for o in bsym.flat_proxy_outs if isinstance(o, (TensorProxy, FutureTensorProxy))]
+        if bsym.sym.name in WAIT_SYMBOLS:  # returns the buffer its collective's future holds
+            future = bsym.flat_proxy_args[0]
+            values = {o.name: self._values.get(future.name, _meta_empty(o)) for o in outs}
+        elif bsym.sym.name in COLLECTIVE_KINDS:  # a fresh output buffer (no meta kernel to run)
+            values = {o.name: _meta_empty(o) for o in outs}
+        elif bsym.sym.is_fusion:
             self._register_internal(bsym, {o.name for o in outs})
             values = {o.name: _meta_empty(o) for o in outs}
         else:

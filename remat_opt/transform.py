@@ -23,6 +23,7 @@ from thunder.core.trace import TraceCtx, TraceProvenance, from_trace  # noqa: E4
 from thunder.core.transform_common import Transform  # noqa: E402
 
 from remat_opt.cost_cache import with_auto_costs  # noqa: E402
+from remat_opt.distributed import check_transform_order, for_ranks  # noqa: E402
 from remat_opt.errors import InfeasibleBudgetError  # noqa: E402
 from remat_opt.plan import RECOMPUTE, SAVE  # noqa: E402
 from remat_opt.planning import FusionOutcome, PlanRequest, PlannedStep, plan_step  # noqa: E402
@@ -84,6 +85,7 @@ def _check_single_cost_remat() -> None:
 
     cd = get_compile_data()
     transforms = (cd.transforms or []) if cd is not None else []
+    check_transform_order(transforms, CostRemat)
     count = sum(isinstance(t, CostRemat) for t in transforms)
     if count > 1:
         raise ValueError(f"thunder.jit got {count} CostRemat transforms: pass one (each would plan alone, "
@@ -164,7 +166,7 @@ class CostRemat(Transform):
             else:
                 planner = functools.partial(plan_step, graph)
             request, costs_note = with_auto_costs(self.request, graph)
-            step = self._plan(graph, planner, _thunderfx_subgraph(), request)
+            step = for_ranks(self._plan(graph, planner, _thunderfx_subgraph(), request))
             if costs_note:
                 step = replace(step, remarks=(*step.remarks, costs_note))
             self._cache[key] = step

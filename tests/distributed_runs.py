@@ -1,0 +1,185 @@
+"""2-rank gloo runs on localhost for `tests/test_distributed.py` (spawned; not a test module).
+
+Each rank builds the same tiny model and inputs, so the gradient Thunder reduces over the ranks (an
+average) equals single-process eager's; FSDP leaves rank r its shard of it. One spawn runs every
+case (strategy x budget) so that the processes import Thunder once; each rank writes its results
+as JSON for the test process to check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import traceback
+from pathlib import Path
+
+WORLD_SIZE = 2
+MODEL = "Llama-2-7b-hf"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _model():
+    from remat_opt.models import ModelSpec, build_model
+
+    return build_model(ModelSpec(MODEL, n_layer=1, device="cpu", tiny=True))
+
+
+def _eager_grads() -> dict:
+    model, inputs = _model()
+    model(*inputs).float().sum().backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def _parallel_transform(strategy: str):
+    import torch
+    import torch.distributed as dist
+
+    if strategy == "fsdp":
+        from thunder.distributed.transforms.fsdp_v2 import FSDPTransform
+
+        return FSDPTransform(device=torch.device("cpu"))
+    from thunder.distributed.transforms.ddp_v2 import DDPTransform
+
+    return DDPTransform(process_group=dist.distributed_c10d._get_default_group(), bucket_size_in_mb=25.0,
+                        broadcast_from=0)
+
+
+def _grad_error(strategy: str, jitted, eager: dict, rank: int) -> float:
+    """Largest |grad - eager| over parameters (FSDP: this rank's shard of eager's gradient)."""
+    import torch
+    from thunder.distributed import _shard_tensor
+
+    worst = 0.0
+    for name, param in jitted.named_parameters():
+        expected = eager[name]
+        if strategy == "fsdp":
+            expected, _ = _shard_tensor(expected, rank, WORLD_SIZE, name, allow_padding_for_fsdp=True)
+        if param.grad is None or param.grad.shape != expected.shape:
+            return float("inf")
+        worst = max(worst, (param.grad - expected).abs().max().item())
+        if not torch.isfinite(param.grad).all():
+            return float("inf")
+    return worst
+
+
+def regather_units_of(problem) -> list[str]:
+    """Every unit that re-gathers an FSDP weight (allowed or not)."""
+    from remat_opt.problem import is_regather_unit
+
+    return [n for n, u in problem.units.items() if is_regather_unit([problem.ops_by_name[o] for o in u.ops])]
+
+
+def _order_error(strategy: str) -> str:
+    """The error of CostRemat placed before the data-parallel transform ('' if none)."""
+    import thunder
+
+    from remat_opt.transform import CostRemat
+
+    model, inputs = _model()
+    jitted = thunder.jit(model, transforms=[CostRemat(device_spec="cpu"), _parallel_transform(strategy)])
+    try:
+        jitted(*inputs)
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+def _run_case(strategy: str, budget_bytes: int | None, rank: int, eager: dict, executors, **cost_remat) -> dict:
+    import thunder
+
+    from remat_opt.measure import measure_saved_bytes, measure_step_peak_bytes
+    from remat_opt.transform import CostRemat, last_planned_step
+
+    model, inputs = _model()
+    budget_gb = None if budget_bytes is None else budget_bytes / 1e9
+    transform = CostRemat(activation_budget_gb=budget_gb, device_spec="cpu", **cost_remat)
+    jitted = thunder.jit(model, transforms=[_parallel_transform(strategy), transform], executors=executors)
+    measured = measure_saved_bytes(jitted, *inputs)
+    measured.output.float().sum().backward()
+    step = last_planned_step(jitted)
+    grad_error = _grad_error(strategy, jitted, eager, rank)
+    peak = measure_step_peak_bytes(jitted, *inputs)
+    from remat_opt.solvers import minimum_saved_bytes
+
+    from remat_opt.distributed import regather_units
+    from remat_opt.problem import RecomputeProblem
+
+    problem = step.problem
+    keep = RecomputeProblem.from_graph(problem.graph, problem.op_time_s, pinned=regather_units_of(problem))
+    return {
+        "regathered": regather_units(step),
+        "keep_minimum_bytes": minimum_saved_bytes(keep),
+        "measured_saved_bytes": measured.activation_bytes,
+        "predicted_saved_bytes": step.plan.saved_bytes,
+        "measured_peak_bytes": peak.peak_bytes,
+        "predicted_peak_bytes": step.plan.peak_bytes,
+        "grad_error": grad_error,
+        "tag_targets": list(step.plan.recomputed_tag_targets),
+        "save_all_bytes": step.problem.saved_bytes(()),
+        "minimum_bytes": minimum_saved_bytes(step.problem),
+        "explain": str(__import__("remat_opt").explain(jitted)),
+    }
+
+
+def run_rank(rank: int, port: int, out_dir: str, cases: list) -> None:
+    """One rank: every case in order; ``cases`` are ``(label, strategy, budget)`` where budget is
+    ``"save_all"`` (run first for each strategy: it finds save-all and the minimum), a fraction of
+    save-all (``0.5``), ``"minimum"``, ``"below_keep"`` (1 B below the least any plan keeping every
+    unsharded weight saves) or ``"order"`` (CostRemat before the data-parallel transform: the error)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+
+    torch.set_num_threads(1)
+    from remat_opt import _compat  # noqa: F401  (before thunder)
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
+    results = {}
+    try:
+        from remat_opt.executors import executors_for
+
+        executors = executors_for("fused-sdpa")
+        eager = _eager_grads()
+        reference = {}
+        for label, strategy, budget in cases:
+            if budget == "order":
+                results[label] = {"error_message": _order_error(strategy)}
+                continue
+            if budget == "save_all":
+                result = _run_case(strategy, 10**9, rank, eager, executors)  # 1 GB: nothing to recompute
+                reference[strategy] = result
+                results[label] = {**result, "budget_bytes": result["save_all_bytes"]}
+                continue
+            ref = reference[strategy]
+            named = {"minimum": ref["minimum_bytes"], "below_keep": ref["keep_minimum_bytes"] - 1}
+            budget_bytes = named[budget] if budget in named else int(budget * ref["save_all_bytes"])
+            results[label] = {**_run_case(strategy, budget_bytes, rank, eager, executors), "budget_bytes": budget_bytes}
+    except Exception:
+        results["error"] = traceback.format_exc()
+    finally:
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+        dist.destroy_process_group()
+
+
+def spawn(cases: list, out_dir: str, timeout_s: float = 240.0) -> list[dict]:
+    """Runs `cases` on 2 gloo ranks; returns each rank's results (raises on a hang or a crash)."""
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(run_rank, args=(free_port(), out_dir, cases), nprocs=WORLD_SIZE, join=False,
+                                 start_method="spawn")
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=max(deadline - time.monotonic(), 0.1)):
+        if time.monotonic() > deadline:
+            for p in context.processes:
+                p.kill()
+            raise TimeoutError(f"2-rank run did not finish in {timeout_s:.0f} s")
+    return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]

@@ -1,0 +1,89 @@
+"""CostRemat under Thunder's FSDP and DDP: 2 gloo ranks on localhost (`tests/distributed_runs.py`).
+
+One module-scoped spawn runs every case; each test checks one property on both ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+
+CASES = [
+    ("fsdp-save_all", "fsdp", "save_all"),
+    ("fsdp-50%", "fsdp", 0.5),
+    ("fsdp-below_keep", "fsdp", "below_keep"),
+    ("fsdp-minimum", "fsdp", "minimum"),
+    ("ddp-save_all", "ddp", "save_all"),
+    ("ddp-minimum", "ddp", "minimum"),
+    ("fsdp-order", "fsdp", "order"),
+]
+LABELS = [label for label, _, budget in CASES if budget != "order"]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    from distributed_runs import spawn
+
+    results = spawn(CASES, str(tmp_path_factory.mktemp("ranks")))
+    for rank, result in enumerate(results):
+        assert "error" not in result, f"rank {rank}:\n{result['error']}"
+    return results
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_measured_saved_bytes_equal_prediction_and_hold_the_budget(ranks, label):
+    for rank, result in enumerate(ranks):
+        case = result[label]
+        assert case["measured_saved_bytes"] == case["predicted_saved_bytes"], (rank, case)
+        assert case["measured_saved_bytes"] <= case["budget_bytes"], (rank, case)
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_gradients_equal_single_process_eager(ranks, label):
+    # FSDP: each rank's shard of eager's gradient; DDP: the whole gradient (both averaged over ranks
+    # that ran the same batch)
+    for rank, result in enumerate(ranks):
+        assert result[label]["grad_error"] <= 1e-5, (rank, result[label]["grad_error"])
+
+
+@pytest.mark.parametrize("label", [label for label in LABELS if not label.endswith("save_all")])
+def test_budget_below_save_all_recomputes(ranks, label):
+    for result in ranks:
+        case = result[label]
+        assert case["budget_bytes"] < case["save_all_bytes"]
+        assert case["tag_targets"], "a budget below save-all must recompute something"
+
+
+def test_plans_agree_across_ranks(ranks):
+    # every rank must issue the same collectives: a re-gather on one rank only would hang the other
+    for label in LABELS:
+        assert ranks[0][label]["tag_targets"] == ranks[1][label]["tag_targets"], label
+
+
+def test_a_budget_with_room_keeps_every_unsharded_weight(ranks):
+    for result in ranks:
+        assert result["fsdp-save_all"]["regathered"] == []
+
+
+def test_a_budget_keeping_weights_cannot_meet_is_met_by_re_gathering(ranks):
+    for result in ranks:
+        case = result["fsdp-below_keep"]
+        assert case["budget_bytes"] < case["keep_minimum_bytes"]  # no plan keeping every weight fits
+        assert case["regathered"], "the plan must re-gather a weight"
+        assert case["measured_saved_bytes"] <= case["budget_bytes"]
+        assert "re-gathers" in case["explain"] and "all-gather" in case["explain"]
+
+
+def test_ddp_step_peak_within_5_percent_of_prediction(ranks):
+    for result in ranks:
+        for label in ("ddp-save_all", "ddp-minimum"):
+            case = result[label]
+            assert abs(case["measured_peak_bytes"] - case["predicted_peak_bytes"]) <= 0.05 * case["measured_peak_bytes"]
+
+
+def test_cost_remat_before_the_data_parallel_transform_is_a_one_line_error(ranks):
+    for result in ranks:
+        message = result["fsdp-order"]["error_message"]
+        assert "CostRemat comes before FSDPTransform" in message and "\n" not in message
