@@ -237,11 +237,7 @@ class _ThroughFusion:
         return self._realized[key]
 
     def realize(self, step: PlannedStep):
-        from remat_opt.fusion_search import Realized
-        from remat_opt.plan import simulate_peak_bytes
-
-        graph = self.realized_graph(step.plan.recomputed_tag_targets)
-        return Realized(graph.saved_activation_bytes, simulate_peak_bytes(graph))
+        return self.realize_tags(step.plan.recomputed_tag_targets)
 
     def plan(self, request: PlanRequest) -> PlannedStep:
         from remat_opt import fusion_search as fs
@@ -295,20 +291,32 @@ class _ThroughFusion:
         from remat_opt.plan import simulate_peak_bytes
 
         graph = self.realized_graph(tag_targets)
-        return Realized(graph.saved_activation_bytes, simulate_peak_bytes(graph))
+        try:
+            peak_bytes = simulate_peak_bytes(graph)
+        except ValueError:  # a name the backward defines again (rematerialization moved an op): such a
+            peak_bytes = _UNKNOWN_PEAK_BYTES  # plan is never chosen under a peak budget
+        return Realized(graph.saved_activation_bytes, peak_bytes)
 
     def _finish(self, step: PlannedStep, realized, save_all, rounds) -> PlannedStep:
         graph = self.realized_graph(step.plan.recomputed_tag_targets)
         outcome = FusionOutcome(save_all=save_all, solver_saved_bytes=step.plan.saved_bytes,
                                 solver_peak_bytes=step.plan.peak_bytes, realized_graph=graph,
                                 rounds=tuple(r.describe() for r in rounds))
-        plan = replace(step.plan, saved_bytes=realized.saved_bytes, peak_bytes=realized.peak_bytes,
+        unknown_peak = realized.peak_bytes == _UNKNOWN_PEAK_BYTES
+        peak_bytes = step.plan.peak_bytes if unknown_peak else realized.peak_bytes
+        plan = replace(step.plan, saved_bytes=realized.saved_bytes, peak_bytes=peak_bytes,
                        saved_names=tuple(graph.saved_names))
         remark = (f"planned through Thunder's fusion pass ({len(rounds) + 1} dry run(s) with tags): it saves "
                   f"{realized.saved_bytes:,} B, step peak {realized.peak_bytes:,} B, as predicted here; the solver's "
                   f"unfused model said {step.plan.saved_bytes:,} B and {step.plan.peak_bytes:,} B; Thunder alone with "
                   f"these executors saves {save_all.saved_bytes:,} B (peak {save_all.peak_bytes:,} B)")
+        if unknown_peak:
+            remark += ("; the step peak shown is the solver's: Thunder's backward defines a saved tensor's name "
+                       "again (its rematerialization moved an op), which the peak simulation cannot follow")
         return replace(step, plan=plan, fusion=outcome, remarks=(*step.remarks, remark))
+
+
+_UNKNOWN_PEAK_BYTES = 2**62
 
 
 def _untagged(plan):

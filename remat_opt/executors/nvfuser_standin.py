@@ -147,11 +147,19 @@ def _region_callable(bsyms: list[BoundSymbol], inputs: list, outputs: list):
 
     def run_region(*args):
         # nvFuser writes every output to a fresh, contiguous allocation; torch ops may return views (of
-        # an input, or of a larger intermediate whose whole storage a saved view would keep alive) and
-        # strided tensors (a transpose; its strides would decide whether a later reshape copies)
+        # an input, or of a larger intermediate whose whole storage a saved view would keep alive),
+        # strided tensors (a transpose; its strides would decide whether a later reshape copies) and
+        # the same tensor as two outputs
         outs = run(*args)
-        fresh = [o.clone(memory_format=torch.contiguous_format)
-                 if isinstance(o, torch.Tensor) and (o._base is not None or not o.is_contiguous()) else o for o in outs]
+        seen = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        fresh = []
+        for o in outs:
+            if isinstance(o, torch.Tensor):
+                # a view, a strided tensor, an input or an output already returned: a fresh copy
+                if o._base is not None or not o.is_contiguous() or o.untyped_storage().data_ptr() in seen:
+                    o = o.clone(memory_format=torch.contiguous_format)
+                seen.add(o.untyped_storage().data_ptr())
+            fresh.append(o)
         return type(outs)(fresh) if isinstance(outs, (tuple, list)) else fresh
 
     run_region.member_trace = executable  # what the region allocates for itself, for the peak
