@@ -13,6 +13,13 @@ Systems:
     CostRemat            the same executors with ``transforms=[CostRemat(activation_budget_gb=b,
                          device="cpu")]`` at ``--budgets`` budgets ``b`` evenly spaced from the least
                          saved bytes any plan reaches to save-all (``remat_opt.pareto_curve``).
+    thunder tc           ``thunder.jit(model, executors=executors_for("torch-compile"))``: Thunder's own
+                         torch.compile executor (TorchCompile fusion regions on CPU, as nvFuser's on
+                         a GPU; Thunder's rematerialization runs on them), the fair peer of torch.compile.
+    CostRemat tc         the same executors with CostRemat, which plans through that executor's fusion
+                         pass (`remat_opt.fusion_search`), at the least saved bytes it reaches and at
+                         25, 50 and 75% of ``thunder tc``'s own save-all (``--no-torch-compile-executor``
+                         leaves both out).
     torch.compile        ``torch.compile(forward, backend="inductor", fullgraph=True)`` with
                          ``torch._functorch.config.activation_memory_budget = r`` and
                          ``activation_memory_budget_solver`` ``"dp"`` and ``"ilp"``, where ``r`` is a
@@ -109,7 +116,8 @@ TORCH_SOLVERS = ("dp", "ilp")
 # differing from its plan or exceeding its budget.
 GRADIENT_MISMATCH = "GRADIENT MISMATCH"
 SAVED_MISMATCH = "SAVED-BYTES MISMATCH"
-THUNDER, TORCH = "thunder", "torch"
+THUNDER, TORCH, THUNDER_TC = "thunder", "torch", "thunder torch-compile"
+TC_FRACTIONS = (0.25, 0.5, 0.75)  # CostRemat (torch-compile executor) budgets, of that configuration's own save-all
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,6 +235,34 @@ def thunder_systems(model, idx, points, save_all_bytes: int, params: list) -> li
         systems.append(compile_system(
             system, lambda t=transform: thunder.jit(model, transforms=[t], executors=executors), params))
     return systems
+
+
+def thunder_tc_systems(model, idx, params: list) -> tuple[list[System], int]:
+    """Thunder with its torch.compile executor (TorchCompile fusion regions on CPU, as nvFuser's on a GPU)
+    and CostRemat through that executor's fusion pass at its least feasible budget and at fractions
+    of *this configuration's own* save-all (what Thunder saves with these executors and no plan)."""
+    executors = executors_for("torch-compile")
+    save_all_bytes = remat_opt.analyze(model, idx, executors=executors).saved_activation_bytes
+    systems = [compile_system(System("thunder tc", "save-all (no budget)", THUNDER_TC, is_reference=True, args=(idx,)),
+                              lambda: thunder.jit(model, executors=executors), params)]
+    budgets = [_least_tc_budget(model, idx, executors), *(int(f * save_all_bytes) for f in TC_FRACTIONS)]
+    for budget_bytes in budgets:
+        transform = CostRemat(activation_budget_gb=budget_bytes / 1e9, device_spec="cpu")
+        budget = f"{budget_bytes / MB:.3f} MB ({budget_bytes / save_all_bytes:.2f})"
+        system = System("CostRemat tc", budget, THUNDER_TC, args=(idx,), transform=transform)
+        systems.append(compile_system(
+            system, lambda t=transform: thunder.jit(model, transforms=[t], executors=executors), params))
+    return systems, save_all_bytes
+
+
+def _least_tc_budget(model, idx, executors) -> int:
+    """The least saved bytes CostRemat reaches through the torch.compile executor's pass (what a
+    0-byte budget's error names)."""
+    try:
+        thunder.jit(model, transforms=[CostRemat(activation_budget_gb=0.0, device_spec="cpu")], executors=executors)(idx)
+    except remat_opt.InfeasibleBudgetError as e:
+        return e.minimum
+    return 0
 
 
 def fresh_forward(tag: str) -> Callable:
@@ -505,7 +541,7 @@ def interpolate(curve: list[Row], saved_bytes: int, attr: str) -> float | None:
 
 def matches(rows: list[Row]) -> list[Match]:
     found = []
-    for cr in (r for r in rows if r.system == "CostRemat" and r.error is None):
+    for cr in (r for r in rows if r.system in ("CostRemat", "CostRemat tc") and r.error is None):
         for solver in TORCH_SOLVERS:
             curve = torch_curve(rows, solver)
             closest = min(curve, key=lambda r: abs(r.saved_bytes - cr.saved_bytes), default=None)
@@ -544,7 +580,7 @@ def verdict(m: Match) -> str:
 def peak_notes(rows: list[Row]) -> list[str]:
     """Where the measured peak rises while saved bytes fall, per budgeted system."""
     notes = []
-    curves = {"CostRemat": [r for r in rows if r.system == "CostRemat" and r.error is None]}
+    curves = {name: [r for r in rows if r.system == name and r.error is None] for name in ("CostRemat", "CostRemat tc")}
     curves.update({f"torch.compile {solver}": torch_curve(rows, solver) for solver in TORCH_SOLVERS})
     for name, curve in curves.items():
         ordered = sorted(curve, key=lambda r: r.saved_bytes)
@@ -597,7 +633,7 @@ def row_cells(r: Row) -> list[str]:
 
 RUN_HEADER = ["system", "budget", "saved MB", "peak MB", "step ms", "step-time ratio", "recompute MFLOPs",
               "plan MFLOPs", "compile s", "grads vs eager"]
-MATCH_HEADER = ["CostRemat budget", "saved MB", "ratio", "recompute MFLOPs", "torch solver",
+MATCH_HEADER = ["CostRemat run", "saved MB", "ratio", "recompute MFLOPs", "torch solver",
                 "closest torch run: budget, saved MB, ratio, MFLOPs", "torch at CostRemat's saved MB: ratio, MFLOPs",
                 "CostRemat vs torch at the same saved bytes"]
 
@@ -608,7 +644,7 @@ def match_cells(m: Match) -> list[str]:
         f"{t.budget}: {_mb(t.saved_bytes)}, {_ratio(t.step_ratio, t.ratio_error)}, {_mflops(t.recompute_flops)}")
     interpolated = "outside torch's range" if m.interp_ratio is None else (
         f"{_ratio(m.interp_ratio)}, {_mflops(m.interp_flops)}")
-    return [cr.budget, _mb(cr.saved_bytes), _ratio(cr.step_ratio, cr.ratio_error), _mflops(cr.recompute_flops),
+    return [f"{cr.system} {cr.budget}", _mb(cr.saved_bytes), _ratio(cr.step_ratio, cr.ratio_error), _mflops(cr.recompute_flops),
             m.solver, closest, interpolated, verdict(m)]
 
 
@@ -696,6 +732,11 @@ def render(args: argparse.Namespace, results: list[ConfigResult], total_s: float
 def config_notes(systems: list[System], measured: dict[str, Measured]) -> list[str]:
     """Failures, gradient mismatches, and whether CostRemat's measured saved bytes equal its plans'."""
     notes, plan_checks = [], []
+    by_name = {s.name: s for s in systems if s.error is None}
+    if "thunder tc" in by_name and "torch.compile" in by_name:
+        ours, theirs = measured[by_name["thunder tc"].key], measured[by_name["torch.compile"].key]
+        notes.append(f"Save-all beside save-all: Thunder's torch.compile executor saves {_mb(ours.saved_bytes)} MB, "
+                     f"torch.compile {_mb(theirs.saved_bytes)} MB.")
     for s in systems:
         if s.error is not None:
             notes.append(f"{s.key}: {s.error}")
@@ -734,6 +775,9 @@ def run_config(name: str, args: argparse.Namespace) -> ConfigResult:
     points, save_all_bytes = cost_remat_budgets(model, idx, args.budgets)
     systems = thunder_systems(model, idx, points, save_all_bytes, params)
     ratios = sorted({p.saved_bytes / save_all_bytes for p in points if p.saved_bytes < save_all_bytes})
+    if args.torch_compile_executor:
+        tc_systems, tc_save_all_bytes = thunder_tc_systems(model, idx, params)
+        systems += tc_systems
     systems += torch_systems(model, idx, ratios, params)
     live = [s for s in systems if s.fn is not None]
     measured = {}
@@ -764,6 +808,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="untimed rounds first")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--out", default="docs/compare.md", help="Markdown output")
+    parser.add_argument("--no-torch-compile-executor", dest="torch_compile_executor", action="store_false",
+                        help="leave out Thunder's torch.compile executor and CostRemat through it")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 1 layer, width 64, seq 64, 2 budgets, 3 reps, 1 warm-up")
     args = parser.parse_args(argv)

@@ -132,6 +132,9 @@ class PlannedStep:
     remarks: tuple[str, ...] = field(default=())  # for the user: where costs came from, what Thunder will save
     fusion: FusionOutcome | None = None  # with a fusion executor: what Thunder's own pass made of the plan
 
+    def as_cached(self) -> PlannedStep:
+        return replace(self, cached=True)
+
 
 @dataclass(frozen=True)
 class FusionOutcome:
@@ -154,9 +157,6 @@ class FusionOutcome:
     solver_peak_bytes: int
     realized_graph: JointGraph
     rounds: tuple[str, ...] = ()
-
-    def as_cached(self) -> PlannedStep:
-        return replace(self, cached=True)
 
 
 def forward_op_times_s(costs: CostModel, graph: JointGraph) -> dict[str, float]:
@@ -206,7 +206,17 @@ def plan_step(graph: JointGraph, request: PlanRequest) -> PlannedStep:
         except InfeasibleBudgetError as e:
             raise e.to_gb() from e
     note = f"planned in {time.perf_counter() - start_s:.2f} s"
-    return PlannedStep(graph=graph, problem=problem, plan=plan, costs=costs, request=request, notes=(note,))
+    remarks = (OFFLINE_FUSION_REMARK,) if any("fusion" in op.op_tags for op in graph.ops) else ()
+    return PlannedStep(graph=graph, problem=problem, plan=plan, costs=costs, request=request, notes=(note,),
+                       remarks=remarks)
+
+
+# Offline plans on a fused graph (`--executors nvfuser-standin | torch-compile`) are not what Thunder
+# would save with their tags; CostRemat, at compile time, plans through the pass (issue 12, item 3).
+OFFLINE_FUSION_REMARK = (
+    "this graph has fusion regions: Thunder's fusion pass re-partitions after a plan's tags, so this offline "
+    "plan's saved bytes and peak are not what Thunder would save with it; CostRemat plans through the pass at "
+    "compile time (remat_opt.fusion_search), offline planning does not yet")
 
 
 def plan_graph(graph: JointGraph, *, budget_gb: float | None = None, activation_budget_gb: float | None = None,
