@@ -374,7 +374,7 @@ class Measured:
 
     saved_bytes: int
     peak_bytes: int
-    backward_flops: int
+    backward_flops: int | None
     grad_problems: tuple[str, ...]
     grad_max_abs: float
     plan_flops: int | None
@@ -401,7 +401,8 @@ def measure(system: System, named_params: dict, reference: dict) -> Measured:
     saved_bytes = saved.activation_bytes
     del saved
     peak = measure_step_peak_bytes(system.fn, *system.args, loss_fn=loss_of)
-    flops = backward_flops(system, params)
+    # FlopCounterMode is a dispatch mode, under which Thunder's TorchCompile regions cannot compile
+    flops = None if system.family == THUNDER_TC else backward_flops(system, params)
     problems, worst_abs = grad_mismatches(system, named_params, reference)
     plan_flops, plan_saved_bytes, budget_bytes = plan_figures(system)
     return Measured(
@@ -497,7 +498,8 @@ def build_rows(systems: list[System], measured: dict[str, Measured], times: dict
             system=s.name, budget=s.budget, family=s.family, saved_bytes=m.saved_bytes,
             peak_bytes=m.peak_bytes, step_s=statistics.median(times[s.key]), step_ratio=statistics.median(ratios),
             ratio_error=median_standard_error(ratios),
-            recompute_flops=m.backward_flops - measured[ref.key].backward_flops if ref else None,
+            recompute_flops=(m.backward_flops - measured[ref.key].backward_flops
+                             if ref and m.backward_flops is not None else None),
             plan_flops=m.plan_flops, compile_s=s.compile_s, grads=grads_text(m),
         ))
     return rows
@@ -567,9 +569,12 @@ def verdict(m: Match) -> str:
             return (f"outside torch's range: torch's {other.budget} saves {_mb(other.saved_bytes)} MB with "
                     f"{_mflops(other.recompute_flops)} recompute MFLOPs; CostRemat not better here")
         return "outside torch's range (below its least saved bytes)"
-    flops_delta_m = round(cr.recompute_flops / 1e6 - m.interp_flops / 1e6, 1)
-    flops = "equal recompute FLOPs" if flops_delta_m == 0 else (
-        f"{'fewer' if flops_delta_m < 0 else 'MORE'} recompute FLOPs ({flops_delta_m:+.1f} MFLOPs)")
+    if cr.recompute_flops is None:  # not countable (TorchCompile regions)
+        flops = "recompute FLOPs not counted"
+    else:
+        flops_delta_m = round(cr.recompute_flops / 1e6 - m.interp_flops / 1e6, 1)
+        flops = "equal recompute FLOPs" if flops_delta_m == 0 else (
+            f"{'fewer' if flops_delta_m < 0 else 'MORE'} recompute FLOPs ({flops_delta_m:+.1f} MFLOPs)")
     ratio_delta = cr.step_ratio - m.interp_ratio
     noise = noise_ratio(cr, other)
     timing = "within noise" if abs(ratio_delta) <= noise else ("CostRemat SLOWER" if ratio_delta > 0 else

@@ -42,8 +42,9 @@ class InfeasibleBudgetError(ValueError):
             return f"{where}{self.kind}={self.budget} < minimum feasible {self.minimum}{exact}"
         option = self.option
         bound = "" if self.lower_bound >= self.minimum else f"; no plan can go below {_gb_up(self.lower_bound)} GB"
+        exact = f" ({self.minimum:,} B)" if self.minimum < GB else ""  # 3 decimals of a GB hide small models
         return (f"{where}{option}={self.budget / GB:g} is below the minimum feasible {_gb_up(self.minimum)} GB"
-                f"{bound}: use {option}={_gb_up(self.minimum)} or more")
+                f"{exact}{bound}: use {option}={_gb_up(self.minimum)} or more")
 
     def to_gb(self, option: str | None = None) -> InfeasibleBudgetError:
         """The same error with its message in GB, naming the budget as `option` (default: the
