@@ -255,7 +255,7 @@ class _ThroughFusion:
             use_free = free_realized.saved_bytes <= save_all.saved_bytes and all(
                 free_realized.value(n) <= t for n, t in targets.items())
             step = free if use_free else replace(free, plan=_untagged(free.plan))
-            return self._finish(step, free_realized if use_free else save_all, save_all, ())
+            return self._finish(step, free_realized if use_free else save_all, save_all, (), request)
         solver_save_all = fs.Realized(self.graph.saved_activation_bytes, free.plan.peak_bytes)
         first_guess = {fs.ACTIVATION: lambda t: t * solver_save_all.saved_bytes // max(save_all.saved_bytes, 1),
                        fs.PEAK: lambda t: t + solver_save_all.peak_bytes - save_all.peak_bytes}
@@ -269,7 +269,7 @@ class _ThroughFusion:
             first_slope={fs.ACTIVATION: save_all.saved_bytes / max(solver_save_all.saved_bytes, 1)},
             refine=self.refine,
         )
-        return self._finish(result.plan, result.realized, save_all, result.rounds)
+        return self._finish(result.plan, result.realized, save_all, result.rounds, request)
 
     def refine(self, step: PlannedStep, overshoot: dict[str, int]) -> PlannedStep | None:
         """`step` plus the units of what Thunder's pass still saves, enough to cover the overshoot."""
@@ -297,7 +297,9 @@ class _ThroughFusion:
             peak_bytes = _UNKNOWN_PEAK_BYTES  # plan is never chosen under a peak budget
         return Realized(graph.saved_activation_bytes, peak_bytes)
 
-    def _finish(self, step: PlannedStep, realized, save_all, rounds) -> PlannedStep:
+    def _finish(self, step: PlannedStep, realized, save_all, rounds, request: PlanRequest) -> PlannedStep:
+        """The step to keep: the plan with Thunder's realized figures, the user's request (not the
+        budget the solver was given in the winning round), and what the search did."""
         graph = self.realized_graph(step.plan.recomputed_tag_targets)
         outcome = FusionOutcome(save_all=save_all, solver_saved_bytes=step.plan.saved_bytes,
                                 solver_peak_bytes=step.plan.peak_bytes, realized_graph=graph,
@@ -305,7 +307,8 @@ class _ThroughFusion:
         unknown_peak = realized.peak_bytes == _UNKNOWN_PEAK_BYTES
         peak_bytes = step.plan.peak_bytes if unknown_peak else realized.peak_bytes
         plan = replace(step.plan, saved_bytes=realized.saved_bytes, peak_bytes=peak_bytes,
-                       saved_names=tuple(graph.saved_names))
+                       saved_names=tuple(graph.saved_names), budget_bytes=request.activation_budget_bytes,
+                       peak_budget_bytes=request.peak_budget_bytes)
         remark = (f"planned through Thunder's fusion pass ({len(rounds) + 1} dry run(s) with tags): it saves "
                   f"{realized.saved_bytes:,} B, step peak {realized.peak_bytes:,} B, as predicted here; the solver's "
                   f"unfused model said {step.plan.saved_bytes:,} B and {step.plan.peak_bytes:,} B; Thunder alone with "
@@ -313,7 +316,7 @@ class _ThroughFusion:
         if unknown_peak:
             remark += ("; the step peak shown is the solver's: Thunder's backward defines a saved tensor's name "
                        "again (its rematerialization moved an op), which the peak simulation cannot follow")
-        return replace(step, plan=plan, fusion=outcome, remarks=(*step.remarks, remark))
+        return replace(step, plan=plan, request=request, fusion=outcome, remarks=(*step.remarks, remark))
 
 
 _UNKNOWN_PEAK_BYTES = 2**62
