@@ -54,7 +54,8 @@ def pytest_unconfigure(config):
 
 
 # Files that take longest on one worker start first, so that the others fill in around them.
-_LONGEST_FIRST = ("test_deepen.py", "test_notebook.py", "test_transform.py", "test_extract.py", "test_costmodels_families.py", "test_cli.py")
+_LONGEST_FIRST = ("test_deepen.py", "test_notebook.py", "test_distributed.py", "test_transform.py",
+                  "test_nvfuser_standin.py", "test_extract.py", "test_costmodels_families.py", "test_cli.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -53,7 +53,7 @@ def test_nvfusers_own_passes_compile_from_thunders_source():
 
 @pytest.fixture(scope="module")
 def llama():
-    model, inputs = build_model(ModelSpec("Llama-2-7b-hf", n_layer=2, device="cpu", tiny=True))
+    model, inputs = build_model(ModelSpec("Llama-2-7b-hf", n_layer=1, device="cpu", tiny=True))
     model(*inputs).float().sum().backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
