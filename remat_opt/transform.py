@@ -25,7 +25,8 @@ from thunder.core.transform_common import Transform  # noqa: E402
 from remat_opt.cost_cache import with_auto_costs  # noqa: E402
 from remat_opt.distributed import check_transform_order, for_ranks  # noqa: E402
 from remat_opt.errors import InfeasibleBudgetError  # noqa: E402
-from remat_opt.plan import RECOMPUTE, SAVE  # noqa: E402
+from remat_opt import fusion_search as fs  # noqa: E402
+from remat_opt.plan import RECOMPUTE, SAVE, simulate_peak_bytes  # noqa: E402
 from remat_opt.planning import FusionOutcome, PlanRequest, PlannedStep, plan_step  # noqa: E402
 
 # The plan behind each computation trace CostRemat returned. Thunder keeps that trace in its cache
@@ -236,12 +237,10 @@ class _ThroughFusion:
                 self.trace, self.executors, self.names, key)
         return self._realized[key]
 
-    def realize(self, step: PlannedStep):
+    def realize(self, step: PlannedStep) -> fs.Realized:
         return self.realize_tags(step.plan.recomputed_tag_targets)
 
     def plan(self, request: PlanRequest) -> PlannedStep:
-        from remat_opt import fusion_search as fs
-
         save_all = self.realize_tags(())
         targets = {name: getattr(request, name) for name in (fs.ACTIVATION, fs.PEAK)
                    if getattr(request, name) is not None}
@@ -273,12 +272,10 @@ class _ThroughFusion:
 
     def refine(self, step: PlannedStep, overshoot: dict[str, int]) -> PlannedStep | None:
         """`step` plus the units of what Thunder's pass still saves, enough to cover the overshoot."""
-        from remat_opt.fusion_search import units_to_add
-
         tagged = step.problem.effective_units(step.plan.recomputed_tag_targets)
         realized = self.realized_graph(step.plan.recomputed_tag_targets)
         # a unit tried before that left its tensor saved would be chosen again: skip it
-        more = units_to_add(step.problem.units, {*tagged, *self._tried_units}, realized, max(overshoot.values()))
+        more = fs.units_to_add(step.problem.units, {*tagged, *self._tried_units}, realized, max(overshoot.values()))
         self._tried_units.update(more)
         plan = step.problem.plan_for((*tagged, *more), solver=step.plan.solver.split("+")[0] + "+fusion",
                                      status="heuristic", solve_time_s=step.plan.solve_time_s)
@@ -286,16 +283,13 @@ class _ThroughFusion:
             return None
         return replace(step, plan=plan)
 
-    def realize_tags(self, tag_targets):
-        from remat_opt.fusion_search import Realized
-        from remat_opt.plan import simulate_peak_bytes
-
+    def realize_tags(self, tag_targets) -> fs.Realized:
         graph = self.realized_graph(tag_targets)
         try:
             peak_bytes = simulate_peak_bytes(graph)
         except ValueError:  # a name the backward defines again (rematerialization moved an op): such a
             peak_bytes = _UNKNOWN_PEAK_BYTES  # plan is never chosen under a peak budget
-        return Realized(graph.saved_activation_bytes, peak_bytes)
+        return fs.Realized(graph.saved_activation_bytes, peak_bytes)
 
     def _finish(self, step: PlannedStep, realized, save_all, rounds, request: PlanRequest) -> PlannedStep:
         """The step to keep: the plan with Thunder's realized figures, the user's request (not the
