@@ -236,7 +236,35 @@ def main(argv=None) -> int:
         row = run_one(f"CostRemat {frac:.2f} ({budget_gb:.1f}GB)", CostRemat(budget_gb=budget_gb, device_spec=spec),
                       model, x, ex_list, args)
         print_row(row, base_ms)
+    try:
+        standin_against_nvfuser(args, model, x, ex_list, base)
+    except Exception as e:  # noqa: BLE001  (report it; the runs above stand)
+        print(f"stand-in comparison failed: {type(e).__name__}: {e}", flush=True)
     return 0
+
+
+def standin_against_nvfuser(args, model, x, ex_list, base: dict) -> None:
+    """What a GPU run settles about the nvFuser stand-in (issue 12): the saved set it predicts on meta
+    beside the one Thunder saves with the real nvFuser, per layer, matched by (producer, shape, dtype),
+    and the stand-in's predicted save-all peak beside Thunder alone's measured peak."""
+    import torch
+
+    from remat_opt import analyze
+    from remat_opt.executors import executors_for
+    from remat_opt.graph_diff import saved_set_differences, saved_signatures
+    from remat_opt.plan import simulate_peak_bytes
+
+    real = analyze(model, x, executors=ex_list)
+    with torch.device("meta"):
+        meta_model = type(model)(model.config).to(torch.bfloat16)
+    meta_x = torch.zeros_like(x, device="meta")
+    predicted = analyze(meta_model, meta_x, executors=executors_for("nvfuser-standin"))
+    print(f"nvFuser stand-in on meta: saves {predicted.saved_activation_bytes / GB:.3f} GB, save-all peak "
+          f"{simulate_peak_bytes(predicted) / GB:.3f} GB; Thunder with nvFuser: saves "
+          f"{real.saved_activation_bytes / GB:.3f} GB, measured peak {(base.get('measured') or float('nan')) / GB:.3f} GB")
+    differences = saved_set_differences(saved_signatures(predicted), saved_signatures(real))
+    print("saved sets match per layer (producer, shape, dtype)" if not differences else
+          "saved-set differences (stand-in vs nvFuser):\n  " + "\n  ".join(differences), flush=True)
 
 
 if __name__ == "__main__":

@@ -83,3 +83,50 @@ def structural_differences(a: JointGraph, b: JointGraph, *, limit: int = 10) -> 
         if len(getattr(a, side)) != len(getattr(b, side)):
             diffs.append(f"{side}: {len(getattr(a, side))} vs {len(getattr(b, side))}")
     return diffs[:limit]
+
+
+def saved_signatures(graph: JointGraph, saved_names=None) -> dict[str, dict[tuple, int]]:
+    """Per layer (`layers.forward_layer_labels` of the producing op), how many saved tensors of each
+    ``(producer kind, shape, dtype)`` a graph saves: what two runs of the same model can be matched
+    by when their names differ (the nvFuser stand-in's prediction against a real nvFuser run, whose
+    regions number differently). Parameters and inputs are left out.
+
+    Args:
+        graph: the joint graph.
+        saved_names: the saved tensors (a plan's `saved_names`); default: the graph's.
+    """
+    from remat_opt.layers import forward_layer_labels
+
+    labels = forward_layer_labels(graph)
+    by_layer: dict[str, dict[tuple, int]] = {}
+    for name in graph.saved_names if saved_names is None else saved_names:
+        producer = graph.producers.get(name)
+        if producer is None or producer.is_backward:
+            continue
+        tensor = graph.tensors[name]
+        key = (op_kind(producer), tuple(tensor.shape), tensor.dtype)
+        counts = by_layer.setdefault(labels.get(producer.name, "before"), {})
+        counts[key] = counts.get(key, 0) + 1
+    return by_layer
+
+
+def saved_set_differences(predicted: dict[str, dict[tuple, int]], measured: dict[str, dict[tuple, int]]) -> list[str]:
+    """Lines naming, per layer, the saved ``(producer kind, shape, dtype)`` whose counts differ
+    between two `saved_signatures` (empty: the same saved set up to names)."""
+    lines = []
+    for layer in dict.fromkeys([*predicted, *measured]):
+        p, m = predicted.get(layer, {}), measured.get(layer, {})
+        for key in sorted(set(p) | set(m), key=repr):
+            if p.get(key, 0) != m.get(key, 0):
+                kind, shape, dtype = key
+                lines.append(f"{layer}: {_kind_text(kind)} {list(shape)} {dtype}: predicted {p.get(key, 0)}, "
+                             f"measured {m.get(key, 0)}")
+    return lines
+
+
+def _kind_text(kind) -> str:
+    """`op_kind` for people: a fusion region by its size and last member."""
+    if isinstance(kind, tuple):
+        last = kind[1][-1] if kind[1] else "?"
+        return f"fusion of {len(kind[1])} ops ending in {_kind_text(last)}"
+    return str(kind)
