@@ -4,6 +4,11 @@ At every compilation, in the pre-prologue hook (before autodiff): extract the jo
 isolated copy of the trace (`remat_opt.extract`), cost it (`costmodels`), solve
 (`remat_opt.solvers`), then write `ProxyTag.RECOMPUTE_IN_BACKWARD` on the pre-autodiff proxies the
 plan recomputes. Thunder's own autodiff then does the recomputation.
+
+With a fusion executor (nvFuser, the nvFuser stand-in, Thunder's torch.compile executor) Thunder
+re-partitions the joint trace after the tags and runs its own rematerialization, so the plan is made
+through that pass: the solver plans on the unfused graph and each candidate is realized by a dry run
+with its tags (`_ThroughFusion`, `remat_opt.fusion_search`); the realized bytes are the prediction.
 """
 
 from __future__ import annotations
