@@ -31,7 +31,11 @@ def main() -> None:
             c = result[label]
             print(f"rank {rank} {label:>16}: budget {c['budget_bytes']:>9,} B | saved predicted {c['predicted_saved_bytes']:>9,}"
                   f" measured {c['measured_saved_bytes']:>9,} B | re-gathers {len(c['regathered'])} | peak predicted "
-                  f"{c['predicted_peak_bytes']:>9,} measured {c['measured_peak_bytes']:>9,} B | grad err {c['grad_error']:.1e}")
+                  f"{c['predicted_peak_bytes']:>9,} measured {_bytes(c['measured_peak_bytes'])} | grad err {c['grad_error']:.1e}")
+
+
+def _bytes(n) -> str:
+    return "not measured (FSDP)" if n is None else f"{n:>9,} B"
 
 
 if __name__ == "__main__":
