@@ -2,9 +2,10 @@
 
 Traces Llama-2-7b (seq 4096, bf16, meta) with 4 layers, extends it to `--layers`, traces the full
 depth directly, and prints the structural differences (expected: none), saved bytes, simulated
-peak, and the time each way.
+peak, and the time each way. Executors: the default on meta (the nvFuser stand-in), or `--executors`.
 
     .venv/bin/python benchmarks/deepen_check.py --layers 32     # ~6-8 minutes on 2 cores
+    .venv/bin/python benchmarks/deepen_check.py --layers 8 --executors fused-sdpa
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import time
 
 from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
+from remat_opt.executors import EXECUTOR_CHOICES, default_executors
 from remat_opt.graph_diff import structural_differences
 from remat_opt.model_graphs import analyze_model
 from remat_opt.plan import simulate_peak_bytes
@@ -24,14 +26,17 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--traced-layers", type=int, default=4)
+    parser.add_argument("--executors", choices=EXECUTOR_CHOICES, default=default_executors("meta"))
     args = parser.parse_args()
     graphs, seconds = {}, {}
     for how, traced in (("extended", args.traced_layers), ("direct", args.layers)):
         start_s = time.perf_counter()
-        graphs[how] = analyze_model(args.model, seq=args.seq, n_layer=args.layers, traced_layers=traced)
+        graphs[how] = analyze_model(
+            args.model, seq=args.seq, n_layer=args.layers, traced_layers=traced, executors=args.executors
+        )
         seconds[how] = time.perf_counter() - start_s
     diffs = structural_differences(graphs["extended"], graphs["direct"], limit=20)
-    print(f"{args.model}, {args.layers} layers, seq {args.seq}, bf16, meta")
+    print(f"{args.model}, {args.layers} layers, seq {args.seq}, bf16, meta, executors {args.executors}")
     for how, graph in graphs.items():
         peak_gb = simulate_peak_bytes(graph) / 1e9
         print(

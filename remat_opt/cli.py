@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from remat_opt.errors import InfeasibleBudgetError
-from remat_opt.executors import EXECUTOR_CHOICES, executors_for
+from remat_opt.executors import EXECUTOR_CHOICES, default_executors, executors_for
 from remat_opt.models import DTYPES, FACTORY_OPTIONS, ModelSpec, ModelSpecError
 
 
@@ -106,9 +106,10 @@ def add_model_arguments(
     parser.add_argument(
         "--executors",
         choices=EXECUTOR_CHOICES,
-        default="fused-sdpa",
-        help="fused-sdpa (default: CPU/meta traces look like GPU traces), default (Thunder's), "
-        "torch-compile (TorchCompile fusion regions on CPU), nvfuser-standin (nvFuser's regions and passes, no nvFuser)",
+        default=None,
+        help="nvfuser-standin (default on meta: nvFuser's fusion regions and Thunder's rematerialization, as a GPU "
+        "step runs, without nvFuser), fused-sdpa (default on cpu/cuda: Thunder's executors with a fused SDPA), "
+        "default (Thunder's, SDPA decomposed on CPU), torch-compile (TorchCompile fusion regions on CPU)",
     )
     parser.add_argument(
         "--traced-layers",
@@ -151,15 +152,16 @@ def analyze_from_args(args: argparse.Namespace):
     spec = model_spec(args)
     check_spec(spec)
     traced_layers = _traced_layers(args, spec)
+    executors = args.executors or default_executors(spec.device)
     start_s = time.perf_counter()
     if ":" in spec.name:
         model, inputs = build_model(spec, given_options(args))
         check_same_device(model, inputs)
-        graph = analyze(model, *inputs, executors=executors_for(args.executors))
+        graph = analyze(model, *inputs, executors=executors_for(executors))
         return spec, graph, time.perf_counter() - start_s
     config, seq = litgpt_config(spec)
     spec = replace(spec, seq=spec.seq or seq, n_layer=config.n_layer)
-    graph = analyze_spec(spec, traced_layers=traced_layers, executors=args.executors)
+    graph = analyze_spec(spec, traced_layers=traced_layers, executors=executors)
     return spec, graph, time.perf_counter() - start_s
 
 

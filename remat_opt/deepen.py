@@ -241,8 +241,11 @@ def extend_layers(
         layers = find_layers(graph, min_layers=min_layers)
     except LayerError as e:
         raise DeepenError(str(e)) from e
-    if traced_layers is not None and layers.forward.count != traced_layers:
+    # With fusion regions the last layer's final region may differ (it feeds the final norm):
+    # then it is left outside the repeated blocks, and copies go in before it.
+    if traced_layers is not None and layers.forward.count not in (traced_layers, traced_layers - 1):
         raise DeepenError(f"found {layers.forward.count} repeated layers in a trace of {traced_layers}; trace every layer")
+    traced = layers.forward.count if traced_layers is None else traced_layers
     template = _choose_template(layers)
     renamer = _Renamer(layers, template, extra_layers)
 
@@ -263,7 +266,7 @@ def extend_layers(
         executors=graph.executors,
         notes=(
             *graph.notes,
-            f"extended from {layers.forward.count} traced layers to {layers.forward.count + extra_layers} "
+            f"extended from {traced} traced layers to {traced + extra_layers} "
             f"(layer {template} repeated {extra_layers} more times)",
         ),
     )

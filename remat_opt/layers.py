@@ -136,9 +136,11 @@ class Layers:
 
 
 def _backward_layers(graph: JointGraph, forward_layer: dict[str, int], run: RepeatedBlocks) -> tuple[int, ...]:
-    """The forward layer of each backward block: the layer whose tensors it reads most."""
+    """The forward layer of each backward block: consecutive layers in reverse, the run that reads
+    most tensors of its own layers (block by block, the most-read layer would do, but fusion regions
+    that span a layer boundary make a block read two layers almost equally)."""
     producers = graph.producers
-    layers = []
+    reads = []
     for block in range(run.count):
         ops = graph.backward_ops[run.start + block * run.period : run.start + (block + 1) * run.period]
         read = Counter(
@@ -149,10 +151,15 @@ def _backward_layers(graph: JointGraph, forward_layer: dict[str, int], run: Repe
         )
         if not read:
             raise LayerError(f"backward block {block} reads no tensor of a forward layer")
-        layers.append(read.most_common(1)[0][0])
-    if any(b - a != -1 for a, b in zip(layers, layers[1:])):
-        raise LayerError(f"backward blocks do not run through the layers in reverse: {layers}")
-    return tuple(layers)
+        reads.append(read)
+    tops = range(run.count - 1, max(forward_layer.values(), default=0) + 1)
+    scores = {top: sum(read[top - block] for block, read in enumerate(reads)) for top in tops}
+    best = max(scores.values(), default=0)
+    if best == 0 or list(scores.values()).count(best) > 1:
+        most_read = [read.most_common(1)[0][0] for read in reads]
+        raise LayerError(f"backward blocks do not run through the layers in reverse: {most_read}")
+    top = max(scores, key=scores.get)
+    return tuple(range(top, top - run.count, -1))
 
 
 def _input_layers(graph: JointGraph, op_layer: dict[str, int]) -> dict[str, int]:
@@ -170,9 +177,18 @@ def _tag_layers(graph: JointGraph, op_layer: dict[str, int]) -> dict[str, int | 
     """Tag target -> its layer, or None when ops outside one layer carry it."""
     seen: dict[str, set] = {}
     for op in graph.forward_ops:
-        for target in op.tag_units:
+        for target in _tag_targets_of(graph, op):
             seen.setdefault(target, set()).add(op_layer.get(op.name))
     return {t: (layers.pop() if len(layers) == 1 else None) for t, layers in seen.items()}
+
+
+def _tag_targets_of(graph: JointGraph, op) -> list[str]:
+    """Every tag target `op` carries: its own `tag_units`, its fusion members' (a region's
+    members keep the tags of the ops they were), and its outputs' origins (what a region's
+    recomputation is tagged by)."""
+    targets = [*op.tag_units, *(t for member in op.members for t in member.tag_units)]
+    origins = (graph.origins.get(name) for name in op.outputs)
+    return [*targets, *(o.tag_target for o in origins if o is not None and o.tag_target)]
 
 
 def find_layers(graph: JointGraph, *, min_layers: int = 3) -> Layers:
@@ -182,10 +198,12 @@ def find_layers(graph: JointGraph, *, min_layers: int = 3) -> Layers:
     if forward is None or backward is None:
         side = "forward" if forward is None else "backward"
         n_ops = len(graph.forward_ops if forward is None else graph.backward_ops)
-        raise LayerError(
-            f"no block of the {n_ops} {side} ops repeats {min_layers} or more times: trace at least {min_layers} "
-            "layers, or the whole depth when fusion regions span several layers"
-        )
+        if any(op.members for op in graph.ops):
+            advice = (f"fusion regions span layer boundaries, so trace at least {min_layers + 1} layers "
+                      "(or every layer)")
+        else:
+            advice = f"trace at least {min_layers} layers"
+        raise LayerError(f"no block of the {n_ops} {side} ops repeats {min_layers} or more times: {advice}")
     op_layer = {op.name: forward.block_of(op.index) for op in graph.forward_ops if forward.block_of(op.index) is not None}
     backward_layers = _backward_layers(graph, op_layer, backward)
     for op in graph.backward_ops:

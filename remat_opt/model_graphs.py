@@ -13,19 +13,22 @@ from remat_opt.graph_cache import cache_key, load_graph, store_graph
 DEFAULT_TRACED_LAYERS = 4
 
 
-def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors: str = "fused-sdpa") -> JointGraph:
+def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors: str | None = None) -> JointGraph:
     """The joint graph of `spec` (a `remat_opt.models.ModelSpec` of a litgpt config) at full depth.
 
     Traces `min(depth, traced_layers)` layers and extends the graph to the spec's depth (its
     `n_layer`, else the config's); `traced_layers=0` traces every layer. With
     ``REMAT_OPT_GRAPH_CACHE`` set, the traced graph is kept there (`remat_opt.graph_cache`).
+    `executors` is a `--executors` choice; None: `remat_opt.executors.default_executors` for the
+    spec's device (the nvFuser stand-in on meta).
     """
-    from remat_opt.executors import executors_for
+    from remat_opt.executors import default_executors, executors_for
     from remat_opt.extract import analyze
     from remat_opt.models import build_model, litgpt_config
 
     if traced_layers < 0 or traced_layers in (1, 2):
         raise ValueError(f"traced_layers must be 0 (all) or at least 3, got {traced_layers}")
+    executors = executors or default_executors(spec.device)
     depth = litgpt_config(spec)[0].n_layer
     traced = depth if traced_layers == 0 else min(depth, traced_layers)
     start_s = time.perf_counter()
@@ -53,7 +56,7 @@ def analyze_model(
     dtype: str = "bfloat16",
     n_layer: int | None = None,
     traced_layers: int = DEFAULT_TRACED_LAYERS,
-    executors: str = "fused-sdpa",
+    executors: str | None = None,
     tiny: bool = False,
 ) -> JointGraph:
     """The joint graph of a litgpt config at full depth, traced on meta with `traced_layers` layers.
@@ -65,7 +68,8 @@ def analyze_model(
         dtype: ``"bfloat16"``, ``"float32"`` or ``"float16"``.
         n_layer: depth to plan for (default: the config's).
         traced_layers: layers actually traced (0: all; shallower models are traced whole).
-        executors: ``"fused-sdpa"``, ``"default"`` or ``"torch-compile"`` (see `remat-opt inspect`).
+        executors: a `remat_opt.executors.EXECUTOR_CHOICES` entry (see `remat-opt inspect`); default
+            ``"nvfuser-standin"``: nvFuser's fusion regions and Thunder's rematerialization, as a GPU runs it.
         tiny: shrink the config's width (tests).
     """
     from remat_opt.models import ModelSpec

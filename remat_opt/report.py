@@ -34,8 +34,17 @@ def saved_storage_owners(graph: JointGraph, saved_names: Iterable[str] | None = 
     return {s: graph.producers.get(s) for s in storages}
 
 
+def storage_kind(op: OpNode, storage: str) -> str:
+    """What allocated `storage`: `op`'s symbol, or for a fusion region (``nvFusion7``), the member
+    that computed it, as ``"mul (fused)"`` (region names differ from layer to layer; members do not)."""
+    if not op.members:
+        return op.symbol
+    member = next((m for m in reversed(op.members) if storage in m.outputs), None)
+    return f"{member.symbol} (fused)" if member is not None else "fusion region"
+
+
 def saved_groups(graph: JointGraph) -> list[dict]:
-    """Saved activation storages grouped by the symbol of the op that allocated them.
+    """Saved activation storages grouped by what allocated them (`storage_kind`).
 
     Every storage is counted once, in the group of its owner, so the group bytes sum to
     `graph.saved_activation_bytes`.
@@ -46,7 +55,8 @@ def saved_groups(graph: JointGraph) -> list[dict]:
         if graph.is_input_storage(name):
             continue
         owner = graph.tensors[name].storage
-        group = groups.setdefault(owners[owner].symbol if owners[owner] else "?", {"tensors": 0, "storages": set()})
+        kind = storage_kind(owners[owner], owner) if owners[owner] else "?"
+        group = groups.setdefault(kind, {"tensors": 0, "storages": set()})
         group["tensors"] += 1
         group["storages"].add(owner)
     rows = []
@@ -73,7 +83,7 @@ def top_saved(graph: JointGraph, top: int) -> list[dict]:
             "shape": list(owner.shape),
             "dtype": owner.dtype,
             "bytes": owner.storage_bytes,
-            "producer": op.symbol if op else None,
+            "producer": (op.symbol if not op.members else f"{op.symbol}: {storage_kind(op, owner.name)}") if op else None,
             "tag_target": saved.tag_target,
             "taggable": saved.taggable,
             "reason": saved.reason,

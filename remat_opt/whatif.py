@@ -22,12 +22,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from remat_opt.costing import CostModel
+from remat_opt.executors import EXECUTOR_CHOICES
 from costmodels.formulas import SDPA_FORMS
 from remat_opt.graph import REASON_AUXILIARY, JointGraph, OpNode
 from remat_opt.plan import RematPlan
 from remat_opt.planning import forward_op_times_s
 from remat_opt.problem import RecomputeProblem
-from remat_opt.report import saved_storage_owners
+from remat_opt.report import saved_storage_owners, storage_kind
 from remat_opt.solvers import (
     ILPOptions,
     InfeasibleBudgetError,
@@ -122,6 +123,7 @@ class Sweep:
 SWEEP_POINTS_ENV = "REMAT_OPT_WHATIF_POINTS"
 TIME_LIMIT_ENV = "REMAT_OPT_WHATIF_TIME_LIMIT_S"
 TRACED_LAYERS_ENV = "REMAT_OPT_WHATIF_TRACED_LAYERS"
+EXECUTORS_ENV = "REMAT_OPT_WHATIF_EXECUTORS"
 
 
 def _env_number(name: str, default: str, minimum: float, kind=int):
@@ -141,10 +143,19 @@ def default_sweep_points() -> int:
 
 
 def model_graph(name: str, **kwargs) -> JointGraph:
-    """`remat_opt.model_graphs.analyze_model` with 4 traced layers, or ``REMAT_OPT_WHATIF_TRACED_LAYERS``
-    (the test suite runs the notebook with 3, the fewest that extend exactly: `tests/test_deepen.py`)."""
+    """`remat_opt.model_graphs.analyze_model` on meta with the nvFuser stand-in (the GPU step's fusion
+    regions and Thunder's rematerialization) and 4 traced layers.
+
+    ``REMAT_OPT_WHATIF_EXECUTORS`` (an `--executors` choice) and ``REMAT_OPT_WHATIF_TRACED_LAYERS``
+    change both: the test suite runs the notebook with ``fused-sdpa`` and 3 layers, its cheapest
+    traces (the stand-in's regions span layer boundaries, so it needs 4: `tests/test_deepen.py`).
+    """
     from remat_opt.model_graphs import analyze_model
 
+    executors = os.environ.get(EXECUTORS_ENV, "").strip() or None
+    if executors is not None and executors not in EXECUTOR_CHOICES:
+        raise ValueError(f"{EXECUTORS_ENV} must be one of {', '.join(EXECUTOR_CHOICES)}, got {executors!r}")
+    kwargs.setdefault("executors", executors)
     return analyze_model(name, traced_layers=_env_number(TRACED_LAYERS_ENV, "4", 3), **kwargs)
 
 
@@ -346,7 +357,7 @@ def sdpa_case_rows(case: SdpaCase) -> list[dict[str, str]]:
 def _saved_bytes_by(graph: JointGraph, saved_names, key_of_op, order: Sequence[str] = ()) -> dict[str, int]:
     totals: dict[str, int] = dict.fromkeys(order, 0)
     for storage, op in saved_storage_owners(graph, saved_names).items():
-        key = key_of_op(op) if op is not None else "?"
+        key = key_of_op(op, storage) if op is not None else "?"
         totals[key] = totals.get(key, 0) + graph.tensors[storage].storage_bytes
     return totals
 
@@ -364,17 +375,18 @@ def saved_bytes_by_layer(graph: JointGraph, saved_names: Iterable[str] | None = 
     """
     layers = forward_layer_labels(graph)
     order = list(dict.fromkeys(layers[op.name] for op in graph.forward_ops))
-    return _saved_bytes_by(graph, saved_names, lambda op: layers[op.name], order)
+    return _saved_bytes_by(graph, saved_names, lambda op, _: layers[op.name], order)
 
 
 def saved_bytes_by_kind(graph: JointGraph, saved_names: Iterable[str] | None = None) -> dict[str, int]:
-    """Saved storage bytes by the symbol of the op that allocated each storage, largest first.
+    """Saved storage bytes by the symbol of the op that allocated each storage, largest first; in a
+    fusion region (``nvFusion7``), the member that computed it, as ``"mul (fused)"``.
 
     Args:
         graph: the joint graph.
         saved_names: the saved tensors (a plan's `saved_names`); default: save-all.
     """
-    totals = _saved_bytes_by(graph, saved_names, lambda op: op.symbol)
+    totals = _saved_bytes_by(graph, saved_names, storage_kind)
     return dict(sorted(totals.items(), key=lambda kv: (-kv[1], kv[0])))
 
 

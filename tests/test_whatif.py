@@ -21,12 +21,14 @@ N_LAYER, N_HEAD, SEQ = 3, 4, 32  # tiny_overrides: 4 heads; 3 layers: solved exa
 
 
 @pytest.fixture(scope="module")
-def tiny(executors):
-    from remat_opt.extract import analyze
-    from remat_opt.models import ModelSpec, build_model
+def tiny():
+    # The spec and executors of tests/test_deepen.py's 3-layer Llama-2 trace: the run's graph cache
+    # (REMAT_OPT_GRAPH_CACHE, tests/conftest.py) traces it once for both files.
+    from remat_opt.model_graphs import analyze_spec
+    from remat_opt.models import ModelSpec
 
-    model, inputs = build_model(ModelSpec("Llama-2-7b-hf", n_layer=N_LAYER, seq=SEQ, tiny=True, device="meta"))
-    return analyze(model, *inputs, executors=executors("fused"))
+    spec = ModelSpec("Llama-2-7b-hf", n_layer=N_LAYER, seq=SEQ, tiny=True, device="meta")
+    return analyze_spec(spec, traced_layers=0, executors="fused-sdpa")
 
 
 @pytest.fixture(scope="module")
@@ -212,3 +214,51 @@ def test_write_png(sweep, tmp_path):
     path = whatif.write_llama2_7b_h100_png(tmp_path / "docs" / "pareto.png", sweep=sweep)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in path.parent.iterdir()] == ["pareto.png"]
+
+
+@pytest.fixture(scope="module")
+def standin():
+    # The notebook's default graphs: the nvFuser stand-in's regions and Thunder's rematerialization.
+    # The spec and executors of tests/test_deepen.py's 4-layer stand-in trace (one trace for both files).
+    from remat_opt.model_graphs import analyze_spec
+    from remat_opt.models import ModelSpec
+
+    spec = ModelSpec("Llama-2-7b-hf", n_layer=4, seq=SEQ, tiny=True, device="meta")
+    return analyze_spec(spec, traced_layers=0, executors="nvfuser-standin")
+
+
+def test_the_notebooks_analyses_run_on_standin_graphs(standin):
+    regions = [op for op in standin.forward_ops if op.members]
+    assert regions, "the stand-in forms fusion regions"
+    h100 = whatif.cost_graph(standin, "H100")
+    sweep = whatif.peak_sweep(h100, 3)  # one point here: recomputing lowers no peak of this tiny model
+    assert not sweep.unsolved and sweep.points[-1].saved_bytes == standin.saved_activation_bytes
+    half_bytes = standin.saved_activation_bytes // 2
+    plan = remat_opt.plan_graph(standin, activation_budget_gb=half_bytes / 1e9, device_spec="H100")
+    assert 0 < plan.saved_bytes <= half_bytes and plan.extra_time_s > 0
+    case = whatif.sdpa_case(h100)
+    assert case.n_sdpa_ops == 4 and case.saved_freed_bytes > 0
+    by_kind = whatif.saved_bytes_by_kind(standin)
+    assert sum(by_kind.values()) == standin.saved_activation_bytes
+    assert not any(kind.startswith("nvFusion") for kind in by_kind), by_kind  # regions show what they computed
+    assert any(kind.endswith("(fused)") for kind in by_kind), by_kind
+    assert sum(whatif.saved_bytes_by_layer(standin).values()) == sum(by_kind.values())
+
+
+def test_model_graph_uses_the_standin_unless_told(monkeypatch):
+    calls = []
+    monkeypatch.setattr("remat_opt.model_graphs.analyze_model", lambda name, **kw: calls.append(kw))
+    whatif.model_graph("Llama-2-7b-hf", seq=SEQ)
+    monkeypatch.setenv(whatif.EXECUTORS_ENV, "fused-sdpa")
+    whatif.model_graph("Llama-2-7b-hf", seq=SEQ)
+    assert [c["executors"] for c in calls] == [None, "fused-sdpa"]  # None: the stand-in on meta
+    monkeypatch.setenv(whatif.EXECUTORS_ENV, "nvfuser")
+    with pytest.raises(ValueError, match="REMAT_OPT_WHATIF_EXECUTORS must be one of fused-sdpa, default"):
+        whatif.model_graph("Llama-2-7b-hf", seq=SEQ)
+
+
+def test_default_executors_are_the_standin_on_meta_only():
+    from remat_opt.executors import default_executors
+
+    assert default_executors("meta") == "nvfuser-standin"
+    assert default_executors("cpu") == default_executors("cuda") == "fused-sdpa"

@@ -5,6 +5,15 @@ from __future__ import annotations
 EXECUTOR_CHOICES = ("fused-sdpa", "default", "torch-compile", "nvfuser-standin")
 
 
+def default_executors(device: str) -> str:
+    """The `--executors` choice when none is given: on meta, the nvFuser stand-in (with the fused SDPA):
+    what-if graphs of a GPU step, its fusion regions and Thunder's rematerialization included (a
+    meta graph without them saves every intermediate: Llama-2-7b at seq 4096 would save 44.3 GB
+    instead of 18.4 GB); on a real device, the fused SDPA with Thunder's executors for that device
+    (on CUDA those include the real nvFuser)."""
+    return "nvfuser-standin" if device == "meta" else "fused-sdpa"
+
+
 def executors_for(choice: str) -> list | None:
     """Thunder executor list for a `--executors` choice (None: Thunder's defaults)."""
     from remat_opt.executors.sdpa_cpu import sdpa_cpu_ex  # applies the torch compatibility step first
