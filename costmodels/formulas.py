@@ -623,6 +623,28 @@ def nll_loss_backward_cost(args: OpArgs) -> OpCost:
 register_cost("dropout", "native_dropout", "alpha_dropout", "feature_dropout")(elementwise_cost(2, "dropout"))
 
 
+# torch's multi_tensor_apply (ATen/native/cuda/MultiTensorApply.cuh): 65,536 elements per chunk and
+# at most 320 blocks (chunks) and 36 tensors of each of the 4 lists per launch (depth 4: params,
+# grads, exp_avg, exp_avg_sq).
+ADAMW_CHUNK_ELEMENTS, ADAMW_CHUNKS_PER_LAUNCH, ADAMW_TENSORS_PER_LAUNCH = 65_536, 320, 36
+
+
+@register_cost("_fused_adamw_", "fused_adamw")
+def fused_adamw_cost(args: OpArgs) -> OpCost:
+    """``torch._fused_adamw_`` over lists of params, grads, exp_avg and exp_avg_sq (inputs in that
+    order, one quarter each): reads all four, writes params and both moments in place (no new
+    tensors). About 20 vector FLOPs per element (moments, bias corrections, sqrt, decay, update),
+    one of them a sqrt."""
+    per_list = len(args.inputs) // 4
+    params = args.inputs[:per_list]
+    numel = sum(t.numel for t in params)
+    chunks = sum(math.ceil(t.numel / ADAMW_CHUNK_ELEMENTS) for t in params)
+    kernels = max(math.ceil(chunks / ADAMW_CHUNKS_PER_LAUNCH), math.ceil(per_list / ADAMW_TENSORS_PER_LAUNCH), 1)
+    written = sum(t.nbytes for i, t in enumerate(args.inputs) if i // per_list != 1)  # all but the grads
+    return _cost(args, "fused_adamw", flops=20 * numel, transcendentals=numel, bytes_read=_read(args.inputs),
+                 bytes_written=written, kernels=kernels)
+
+
 # ---------------------------------------------------------------------------------------------
 # Fusion regions and the fallback
 # ---------------------------------------------------------------------------------------------

@@ -199,6 +199,19 @@ def build_model(spec: ModelSpec, given: frozenset[str] = frozenset()):
     return build_litgpt(spec)
 
 
+def trainable_parameters(spec: ModelSpec) -> tuple[tuple[int, ...], str]:
+    """``(element count of each trainable parameter, their dtype)`` of the model `spec` builds, built
+    on meta (no memory): what an optimizer keeps states for. Raises `ModelSpecError` for mixed dtypes."""
+    from dataclasses import replace
+
+    model, _ = build_model(replace(spec, device="meta"))
+    params = [p for p in model.parameters() if p.requires_grad]
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
+    if len(dtypes) != 1:
+        raise ModelSpecError(f"{spec.name}: trainable parameters of several dtypes ({', '.join(dtypes)})")
+    return tuple(p.numel() for p in params), dtypes[0]
+
+
 def check_same_device(model: torch.nn.Module, inputs: tuple) -> None:
     """Raises `ModelSpecError` if the inputs and parameters are not all on one device."""
     tensors = [*model.parameters(), *model.buffers(), *(t for t in inputs if isinstance(t, torch.Tensor))]
@@ -209,4 +222,4 @@ def check_same_device(model: torch.nn.Module, inputs: tuple) -> None:
         )
 
 
-__all__ = ["ModelSpec", "ModelSpecError", "build_model", "check_same_device", "litgpt_config"]
+__all__ = ["ModelSpec", "ModelSpecError", "build_model", "check_same_device", "litgpt_config", "trainable_parameters"]

@@ -218,10 +218,16 @@ MEMORY_KINDS = ("parameters and inputs", "saved for backward", "forward transien
                 "workspace")
 
 
+def round_up_bytes(n_bytes: int, granularity_bytes: int) -> int:
+    """`n_bytes` rounded up to a multiple of `granularity_bytes` (an allocator's block size)."""
+    return -(-n_bytes // granularity_bytes) * granularity_bytes
+
+
 class _Live:
     """Reference-counted live storages: a storage key costs its bytes while any tensor holds it."""
 
-    def __init__(self, baseline_bytes: int):
+    def __init__(self, baseline_bytes: int, granularity_bytes: int = 1):
+        self.granularity_bytes = granularity_bytes
         self.key_of: dict[str, str] = {}
         self.refs: dict[str, int] = {}
         self.bytes_of: dict[str, int] = {}
@@ -234,6 +240,7 @@ class _Live:
         if tensor in self.key_of:
             self.remove(tensor)
         self.key_of[tensor] = key
+        nbytes = round_up_bytes(nbytes, self.granularity_bytes)
         if self.refs.get(key, 0) == 0:
             self.total += nbytes
             self.bytes_of[key] = nbytes
@@ -350,12 +357,15 @@ def _tag_targets_of(plan_or_tag_targets: RematPlan | Iterable[str]) -> tuple[str
     return tuple(plan_or_tag_targets)
 
 
-def simulate_step(graph: JointGraph, plan_or_tag_targets: RematPlan | Iterable[str] = ()) -> PeakTimeline:
+def simulate_step(graph: JointGraph, plan_or_tag_targets: RematPlan | Iterable[str] = (), *,
+                  allocation_granularity_bytes: int = 1) -> PeakTimeline:
     """Simulates the live memory of one training step under a plan (see the module docstring).
 
     Args:
         graph: the joint graph.
         plan_or_tag_targets: a `RematPlan`, or the tag targets to recompute (empty: save all).
+        allocation_granularity_bytes: every storage counts as its bytes rounded up to a multiple of
+            this (CUDA's caching allocator: 512; 1: exact bytes).
 
     Returns:
         The `PeakTimeline`.
@@ -363,8 +373,10 @@ def simulate_step(graph: JointGraph, plan_or_tag_targets: RematPlan | Iterable[s
     derivation = derive(graph, _tag_targets_of(plan_or_tag_targets))
     if derivation.unavailable:
         raise ValueError(f"needed tensors are neither saved, recomputed nor inputs: {derivation.unavailable}")
-    baseline = sum(t.storage_bytes for t in graph.tensors.values() if t.kind == "input" and t.storage == t.name)
-    live, events = _Live(baseline), []
+    granularity = allocation_granularity_bytes
+    baseline = sum(round_up_bytes(t.storage_bytes, granularity) for t in graph.tensors.values()
+                   if t.kind == "input" and t.storage == t.name)
+    live, events = _Live(baseline, granularity), []
     _simulate_forward(graph, set(derivation.saved), live, events)
     _simulate_backward(graph, derivation, live, events)
     values = [v for _, v, _ in events]

@@ -29,6 +29,7 @@ from remat_opt.plan import RematPlan
 from remat_opt.planning import forward_op_times_s
 from remat_opt.problem import RecomputeProblem
 from remat_opt.report import saved_storage_owners, storage_kind
+from remat_opt.training_step import Parameters, TrainingStepPrediction, predict_training_step
 from remat_opt.solvers import (
     ILPOptions,
     InfeasibleBudgetError,
@@ -51,7 +52,7 @@ SDPA_FORWARD_SYMBOLS = frozenset(symbol for symbol, form in SDPA_FORMS.items() i
 def graph_summary(graph: JointGraph) -> str:
     """One line: ops, layers found, save-all saved activations (GB), and the graph's notes."""
     blocks = find_repeated_blocks(graph)
-    layers = f"{blocks.count} layers of {blocks.period} forward ops" if blocks else "no repeated layers"
+    layers = f"{blocks.count} identical blocks of {blocks.period} forward ops" if blocks else "no repeated layers"
     summary = (f"{len(graph.forward_ops)} forward and {len(graph.backward_ops)} backward ops, {layers}; "
                f"saved activations (save-all) {graph.saved_activation_bytes / GB:.2f} GB")
     return "; ".join((summary, *graph.notes))
@@ -586,3 +587,70 @@ def write_llama2_7b_h100_png(png_path: str | Path, *, sweep: Sweep | None = None
     with tempfile.TemporaryDirectory() as tmp:  # plot_curve also writes an SVG; only the PNG is kept
         png, _ = plot_curve(sweep.points, png_path, Path(tmp) / "pareto.svg", title)
     return png
+
+
+# --------------------------------------------------------------------------------------------
+# The seed benchmark (Thunder's benchmark_litgpt.py, #1646), predicted
+# --------------------------------------------------------------------------------------------
+
+
+def benchmark_parameters(name: str, **spec) -> Parameters:
+    """The trainable parameters of litgpt config `name` (built on meta): what AdamW keeps states for."""
+    from remat_opt.models import ModelSpec, trainable_parameters
+
+    numels, dtype = trainable_parameters(ModelSpec(name, **spec))
+    return Parameters(numels, dtype)
+
+
+@dataclass(frozen=True)
+class SeedPrediction:
+    """#1646's two runs of `benchmark_litgpt.py` predicted: SDPA kept (save-all) and SDPA rerun in the
+    backward for its logsumexp with its output kept (the blanket rule #1646 reported).
+
+    Attributes:
+        kept: the save-all iteration (`remat_opt.training_step.TrainingStepPrediction`).
+        rerun_peak_bytes: the peak with the SDPA auxiliaries not saved (freed at the peak when it
+            comes before the backward starts freeing saved tensors; otherwise the same peak).
+        rerun_time_s: the iteration time plus rerunning every SDPA forward.
+    """
+
+    kept: TrainingStepPrediction
+    rerun_peak_bytes: int
+    rerun_time_s: float
+
+
+def seed_prediction(costed: CostedGraph, parameters: Parameters) -> SeedPrediction:
+    """Predicts #1646's iterations for `costed` (Llama-2-7b, seq 4096, bf16 on an H100 for the seed)."""
+    kept = predict_training_step(costed.graph, CostModel(costed.graph, costed.device), parameters)
+    before_backward = kept.peak_phase in ("forward", "loss", "loss backward")
+    freed = sdpa_auxiliary_bytes(costed.graph) if kept.peak_phase != "forward" and before_backward else 0
+    return SeedPrediction(kept, kept.peak_bytes - freed, kept.time_s + sdpa_case(costed).extra_time_s)
+
+
+def seed_rows(seed: SeedPrediction) -> list[dict[str, str]]:
+    """Predicted vs measured peak and iteration time of #1646's two runs, with the error."""
+    rows = []
+    for label, key, peak_bytes, time_s in (
+        ("SDPA kept (save-all)", "sdpa saved", seed.kept.peak_bytes, seed.kept.time_s),
+        ("SDPA rerun for its logsumexp, output kept (#1646's rule)", "sdpa recomputed", seed.rerun_peak_bytes,
+         seed.rerun_time_s),
+    ):
+        measured_gb, measured_ms = THUNDER_1646_MEMORY_GB[key], THUNDER_1646_STEP_MS[key]
+        rows.append({
+            "run": label,
+            "peak GB predicted / measured": f"{peak_bytes / GB:.2f} / {measured_gb:.2f}",
+            "error": f"{100 * (peak_bytes / GB / measured_gb - 1):+.1f}%",
+            "ms predicted / measured": f"{time_s * 1e3:.1f} / {measured_ms:.2f}",
+            "error ": f"{100 * (time_s * 1e3 / measured_ms - 1):+.1f}%",
+        })
+    return rows
+
+
+def seed_breakdown_rows(seed: SeedPrediction) -> list[dict[str, str]]:
+    """What the save-all prediction is made of: live memory at the peak and time, term by term."""
+    step = seed.kept
+    memory = [{"term": f"memory at the peak ({step.peak_phase}): {k}", "value": f"{v / GB:.3f} GB"}
+              for k, v in step.memory_terms.items()]
+    time = [{"term": f"time: {k}", "value": f"{v * 1e3:.2f} ms"} for k, v in step.time_terms.items()]
+    phases = [{"term": f"peak of phase: {k}", "value": f"{v / GB:.3f} GB"} for k, v in step.phase_peaks.items()]
+    return memory + phases + time

@@ -59,7 +59,7 @@ def test_cost_graph_prices_every_op(tiny, h100):
 
 
 def test_graph_summary_names_the_layers(tiny):
-    assert f"{N_LAYER} layers of" in whatif.graph_summary(tiny)
+    assert f"{N_LAYER} identical blocks of" in whatif.graph_summary(tiny)
     assert "no repeated layers" in whatif.graph_summary(chain_graph(3))
 
 
@@ -262,3 +262,42 @@ def test_default_executors_are_the_standin_on_meta_only():
 
     assert default_executors("meta") == "nvfuser-standin"
     assert default_executors("cpu") == default_executors("cuda") == "fused-sdpa"
+
+
+def test_training_step_adds_the_benchmarks_loss_optimizer_and_allocator(standin):
+    from costmodels.formulas import formula_cost
+    from remat_opt.plan import simulate_step
+    from remat_opt.training_step import CUBLAS_WORKSPACE_BYTES, Parameters, _adamw_args, predict_training_step
+
+    parameters = whatif.benchmark_parameters("Llama-2-7b-hf", n_layer=4, seq=SEQ, tiny=True)
+    assert parameters.dtype == "float32"
+    assert len(parameters.numels) == 2 + 4 * 7 + 1  # wte, lm_head; 2 norms, qkv, proj, 3 MLP per layer; ln_f
+    costs = CostModel(standin, "H100")
+    step = predict_training_step(standin, costs, parameters)
+    assert sum(step.memory_terms.values()) == step.peak_bytes == max(step.phase_peaks.values())
+    moments = 2 * sum(-(-n * 4 // 512) * 512 for n in parameters.numels)
+    assert step.memory_terms["AdamW moments"] == moments and step.memory_terms["cuBLAS workspace"] == 32 << 20
+    exact, rounded = simulate_step(standin), simulate_step(standin, allocation_granularity_bytes=512)
+    assert rounded.peak_bytes > exact.peak_bytes and all(b % 512 == 0 for b in rounded.live_bytes)
+    resident = moments + CUBLAS_WORKSPACE_BYTES["sm90"]
+    assert step.phase_peaks["optimizer step"] == rounded.live_bytes[-1] + resident
+    assert step.phase_peaks["backward"] == max(rounded.live_bytes[len(standin.forward_ops):]) + resident
+    # bf16 moments of fp32 parameters take half; the optimizer's time is its formula's on the H100 sheet
+    half = predict_training_step(standin, costs, parameters, optimizer_state_dtype="bfloat16")
+    assert half.memory_terms["AdamW moments"] < moments
+    adamw = formula_cost(_adamw_args(parameters, "float32"))
+    assert adamw.bytes_read == 4 * parameters.bytes and adamw.bytes_written == 3 * parameters.bytes
+    big = formula_cost(_adamw_args(Parameters((65_536 * 400,) * 100, "bfloat16"), "bfloat16"))
+    assert big.kernels == 125  # 40,000 chunks of 65,536 elements, 320 per launch
+    recomputing = predict_training_step(standin, costs, parameters, whatif.sdpa_units(whatif.cost_graph(standin, "H100").problem))
+    assert recomputing.time_terms["recomputed in the backward"] > 0 == step.time_terms["recomputed in the backward"]
+
+
+def test_seed_rows_compare_with_1646s_measurements(standin):
+    seed = whatif.seed_prediction(whatif.cost_graph(standin, "H100"),
+                                  whatif.benchmark_parameters("Llama-2-7b-hf", n_layer=4, seq=SEQ, tiny=True))
+    rows = whatif.seed_rows(seed)
+    assert [r["run"].split(" (")[0] for r in rows] == ["SDPA kept", "SDPA rerun for its logsumexp, output kept"]
+    assert rows[0]["peak GB predicted / measured"].endswith("/ 64.18") and rows[1]["ms predicted / measured"].endswith("/ 350.15")
+    assert seed.rerun_time_s > seed.kept.time_s and seed.rerun_peak_bytes <= seed.kept.peak_bytes
+    assert any(r["term"].startswith("time: optimizer step") for r in whatif.seed_breakdown_rows(seed))
