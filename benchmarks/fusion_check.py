@@ -10,6 +10,10 @@ took and the compile time. Figures of the README and the issue-12 closing note c
 
     .venv/bin/python benchmarks/fusion_check.py                       # block + six tiny families, stand-in
     .venv/bin/python benchmarks/fusion_check.py --models block --executors torch-compile
+    .venv/bin/python benchmarks/fusion_check.py --models Llama-2-7b-hf --n-layer 2 --executors sdpa-then-torch-compile --no-peak-budgets
+
+``torch-compile`` puts Thunder's torch.compile executor first (the CLI's choice: SDPA inside its
+regions); ``sdpa-then-torch-compile`` puts the fused SDPA executor first (SDPA stays out of them).
 """
 
 from __future__ import annotations
@@ -71,11 +75,13 @@ def _run(model, inputs, executors, eager, **budget) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(FAMILIES))
-    parser.add_argument("--executors", default="nvfuser-standin", choices=("nvfuser-standin", "torch-compile"))
+    parser.add_argument("--executors", default="nvfuser-standin",
+                        choices=("nvfuser-standin", "torch-compile", "sdpa-then-torch-compile"))
     parser.add_argument("--n-layer", type=int, default=1)
+    parser.add_argument("--no-peak-budgets", action="store_true", help="activation budgets only")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
-    executors = executors_for(args.executors)
+    executors = _executors(args.executors)
     for name in args.models:
         model, inputs = _model(name, args.n_layer)
         eager = _eager_grads(model, inputs)
@@ -85,6 +91,8 @@ def main() -> None:
         for label, fraction in (("save-all", 1.0), ("75%", 0.75), ("50%", 0.5), ("25%", 0.25), ("minimum", 0.0)):
             line = _run(model, inputs, executors, eager, activation_budget_gb=int(fraction * save_all) / 1e9)
             print(f"  activations {label:>8}: {line}", flush=True)
+        if args.no_peak_budgets:
+            continue
         least_peak = _least_peak_bytes(model, inputs, executors)
         print(f"  least step peak found: {least_peak:,} B", flush=True)
         for quarter in (1, 2, 3):
@@ -94,6 +102,16 @@ def main() -> None:
                 continue
             line = _run(model, inputs, executors, eager, budget_gb=budget / 1e9)
             print(f"  peak {budget:>11,} B: {line}", flush=True)
+
+
+def _executors(choice: str) -> list:
+    if choice != "sdpa-then-torch-compile":
+        return executors_for(choice)
+    from thunder.executors.torch_compile import torch_compile_ex
+
+    from remat_opt import sdpa_cpu_ex
+
+    return [sdpa_cpu_ex, torch_compile_ex, *thunder.get_default_executors()]
 
 
 def _least_peak_bytes(model, inputs, executors) -> int:

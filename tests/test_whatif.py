@@ -22,8 +22,7 @@ N_LAYER, N_HEAD, SEQ = 3, 4, 32  # tiny_overrides: 4 heads; 3 layers: solved exa
 
 @pytest.fixture(scope="module")
 def tiny():
-    # The spec and executors of tests/test_deepen.py's 3-layer Llama-2 trace: the run's graph cache
-    # (REMAT_OPT_GRAPH_CACHE, tests/conftest.py) traces it once for both files.
+    # Through the run's graph cache (REMAT_OPT_GRAPH_CACHE, tests/conftest.py), like every traced spec.
     from remat_opt.model_graphs import analyze_spec
     from remat_opt.models import ModelSpec
 
