@@ -11,6 +11,7 @@ import remat_opt
 from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
 
 import math
+from dataclasses import replace
 
 import pytest
 import thunder
@@ -25,7 +26,8 @@ from remat_opt.costing import CostModel, coverage_report, op_args
 from costmodels.formulas import formula_cost
 from costmodels.timing import ProfileOptions
 from remat_opt.cli import main
-from remat_opt.profiling import profile_graph, replay
+from remat_opt.extract import region_calls
+from remat_opt.profiling import NO_REGION_CALLABLE, profile_graph, replay
 from remat_opt.cost_report import compare, format_comparison
 from costmodels.table import load_table, op_key, save_table
 
@@ -132,14 +134,19 @@ def test_roofline_ranks_ops_as_measured(llama_cpu, llama_table):
     assert "Spearman rank correlation" in text and "forward+backward total" in text
 
 
-def test_torch_compile_regions_are_skipped_with_a_reason(block_torch_compile_cpu):
+def test_regions_without_their_callables_are_skipped_with_a_reason(block_torch_compile_cpu):
     graph = block_torch_compile_cpu
     assert [op.symbol for op in graph.ops] == ["TorchCompile0", "TorchCompile1"]
     assert coverage_report(graph).ok
-    table = profile_graph(graph, options=QUICK, progress=False)
+    calls = region_calls(graph)  # what Thunder built: the torch.compile'd regions (not run here: compiling is slow)
+    assert set(calls) == {"fwd0", "bwd0"} and all(callable(c.fn) for c in calls.values())
+    assert [a.name for a in calls["fwd0"].arguments] == list(graph.ops[0].inputs)
+    copy = replace(graph)  # as a graph loaded from the cache or deepened: no callables
+    assert region_calls(copy) == {}
+    table = profile_graph(copy, options=QUICK, progress=False)
     assert table.entries == {}
-    assert len(table.skipped) == 2 and all("fusion region" in reason for _, reason in table.skipped)
-    region = CostModel(graph, table=table).op_cost("fwd0")
+    assert len(table.skipped) == 2 and all(reason == NO_REGION_CALLABLE for _, reason in table.skipped)
+    region = CostModel(copy, table=table).op_cost("fwd0")
     assert region.source == "formula" and region.formula == "fusion" and region.matrix_flops > 0
 
 
