@@ -26,7 +26,7 @@ from remat_opt.costing import CostModel, coverage_report, op_args
 from costmodels.formulas import formula_cost
 from costmodels.timing import ProfileOptions
 from remat_opt.cli import main
-from remat_opt.extract import region_calls
+from remat_opt.extract import RegionCall, TensorArg, region_calls
 from remat_opt.profiling import NO_REGION_CALLABLE, profile_graph, replay
 from remat_opt.cost_report import compare, format_comparison
 from costmodels.table import load_table, op_key, save_table
@@ -148,6 +148,30 @@ def test_regions_without_their_callables_are_skipped_with_a_reason(block_torch_c
     assert len(table.skipped) == 2 and all(reason == NO_REGION_CALLABLE for _, reason in table.skipped)
     region = CostModel(copy, table=table).op_cost("fwd0")
     assert region.source == "formula" and region.formula == "fusion" and region.matrix_flops > 0
+
+
+def test_a_region_runs_with_its_recorded_arguments():
+    """The region path nvFuser takes on a GPU (its fusion definition is the callable), on a
+    synthetic region: graph tensors by name, numbers in place, keyed by the members, timed whole."""
+    from remat_opt.graph import JointGraph, OpNode, TensorNode
+
+    def tensor(name, kind):
+        return TensorNode(name, (4, 8), "float32", "cpu", 128, name, 128, kind)
+
+    members = (OpNode("fwd0.0", "exp", False, 0, ("x",), ("e",)), OpNode("fwd0.1", "mul", False, 1, ("e",), ("y",)))
+    region = OpNode("fwd0", "nvFusion3", False, 0, ("x",), ("y",), members=members, op_tags=frozenset({"fusion"}))
+    tensors = {"x": tensor("x", "input"), "e": tensor("e", "internal"), "y": tensor("y", "forward")}
+    graph = JointGraph(ops=(region,), tensors=tensors, saved=(), input_names=("x",), forward_output_names=("y",))
+    seen = []
+
+    def fusion_definition(scale, x):
+        seen.append((scale, tuple(x.shape)))
+        return [torch.exp(x) * scale]
+
+    result = replay(graph, "cpu", options=QUICK, regions={"fwd0": RegionCall(fusion_definition, (2.0, TensorArg("x")))})
+    key = op_key(op_args(graph, region))
+    assert result.problems == [] and set(result.times) == {key} and key.startswith("nvFusion[2 ops #")
+    assert seen and set(seen) == {(2.0, (4, 8))}
 
 
 def test_profile_command_writes_and_reports(tmp_path, capsys):
