@@ -209,12 +209,15 @@ def replay(
             args = op_args(graph, op)
             key = op_key(args)
             output, ok, reason = None, False, None
+            wanted = time_keys is None or key in time_keys
+            timing = time_ops and key not in result.times and wanted and (
+                deadline_s is None or time.perf_counter() < deadline_s)
+            # a region not timed now is not run (a torch.compile region would compile): random outputs
+            run = timing or not is_fusion_symbol(op.symbol)
             try:
-                call, reason = _op_call(op, args, state, regions)
+                call, reason = _op_call(op, args, state, regions) if run else (None, None)
                 if call is not None:
-                    wanted = time_keys is None or key in time_keys
-                    in_time = deadline_s is None or time.perf_counter() < deadline_s
-                    if time_ops and key not in result.times and wanted and in_time:
+                    if timing:
                         seconds, repeats = time_call(call, device, options)
                         note = REGION_NOTE if is_fusion_symbol(op.symbol) else approximation(op.symbol)
                         result.times[key] = TableEntry(key=key, symbol=op.symbol, time_s=seconds, repeats=repeats,

@@ -168,7 +168,10 @@ def test_a_region_runs_with_its_recorded_arguments():
         seen.append((scale, tuple(x.shape)))
         return [torch.exp(x) * scale]
 
-    result = replay(graph, "cpu", options=QUICK, regions={"fwd0": RegionCall(fusion_definition, (2.0, TensorArg("x")))})
+    regions = {"fwd0": RegionCall(fusion_definition, (2.0, TensorArg("x")))}
+    untimed = replay(graph, "cpu", options=QUICK, regions=regions, time_keys=set())
+    assert not seen and untimed.times == {} and untimed.problems == []  # a region not timed is not run
+    result = replay(graph, "cpu", options=QUICK, regions=regions)
     key = op_key(op_args(graph, region))
     assert result.problems == [] and set(result.times) == {key} and key.startswith("nvFusion[2 ops #")
     assert seen and set(seen) == {(2.0, (4, 8))}
