@@ -28,7 +28,7 @@ from costmodels.formulas import is_fusion_symbol
 from costmodels.table import CostTable, CostTableError, library_versions, load_table, op_key, save_table
 from remat_opt.costing import op_args
 from remat_opt.graph import JointGraph
-from remat_opt.profiling import replay
+from remat_opt.profiling import NO_REGION_CALLABLE, replay
 
 ENV_VAR = "REMAT_OPT_COST_CACHE"
 DEFAULT_TIME_LIMIT_S = 60.0
@@ -141,7 +141,9 @@ def auto_cost_table(graph: JointGraph, *, region_graph: JointGraph | None = None
     for replayed, keys in wanted:
         if keys & missing:
             result = replay(replayed, device, time_keys=keys & missing, deadline_s=start_s + time_limit_s)
-            skipped = {k: r for k, r in result.skipped.items() if k in missing}
+            # a region without its callable is a property of this graph (a cached or deepened one),
+            # not of the region: another graph of the same region may time it
+            skipped = {k: r for k, r in result.skipped.items() if k in missing and r != NO_REGION_CALLABLE}
             table = replace(table, entries={**table.entries, **result.times},
                             skipped=tuple(sorted({**dict(table.skipped), **skipped}.items())))
     if missing:

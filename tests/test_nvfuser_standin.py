@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from remat_opt.executors.nvfuser_standin import (  # noqa: E402
 )
 from costmodels.table import CostTable, op_key  # noqa: E402
 from costmodels.timing import ProfileOptions  # noqa: E402
-from remat_opt.cost_cache import ENV_VAR as COST_CACHE_ENV_VAR  # noqa: E402
+from remat_opt.cost_cache import ENV_VAR as COST_CACHE_ENV_VAR, auto_cost_table  # noqa: E402
 from remat_opt.costing import CostModel, op_args  # noqa: E402
 from remat_opt.extract import region_calls  # noqa: E402
 from remat_opt.measure import measure_saved_bytes  # noqa: E402
@@ -128,6 +129,20 @@ def test_regions_are_timed_whole(block_run):
     table = CostTable(device="cpu: test", device_kind="cpu", torch_version="x", thunder_version="y",
                       entries=result.times)
     assert {CostModel(graph, "cpu", table).op_cost(op).source for op in regions} == {"measured region"}
+
+
+def test_auto_costs_time_regions_of_a_graph_with_callables(block_run, tmp_path, monkeypatch):
+    """A graph without Thunder's callables (cached, deepened) leaves its regions to formulas, and
+    the disk cache does not record them as untimeable: the next graph with callables times them."""
+    monkeypatch.setenv(COST_CACHE_ENV_VAR, str(tmp_path))
+    graph = block_run[3]
+    regions = {op_key(op_args(graph, op)) for op in graph.forward_ops if op.symbol.startswith("nvFusion")}
+    without = auto_cost_table(replace(graph))
+    assert (without.measured_regions, without.untimed_regions) == (0, len(regions)) and regions
+    assert not regions & {key for key, _ in without.table.skipped}
+    with_callables = auto_cost_table(graph)
+    assert (with_callables.measured_regions, with_callables.untimed_regions) == (len(regions), 0)
+    assert with_callables.timed_ops == len(regions)  # the other forward ops came from the cache
 
 
 @pytest.mark.parametrize("fraction, cost_table", [(0.5, None), (0.0, "auto")], ids=["50%", "minimum-auto-costs"])
