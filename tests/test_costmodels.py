@@ -421,6 +421,23 @@ def test_unfused_ops_take_their_share_of_a_region_timed_whole(tiny_graph):
     assert unpriced.op_cost("fwd0").source == "measured" and unpriced.op_cost("fwd0").time_s == 3e-6
 
 
+def test_regions_that_share_a_pre_autodiff_op_are_priced_together(tiny_graph):
+    from remat_opt.costing import region_groups
+
+    unfused, fused = _fused_twin(tiny_graph)
+    region = fused.ops[0]
+    # the region split in two, both running part of the exp's pre-autodiff op "e"
+    first = replace(region, name="fwd0", members=(region.members[0], replace(region.members[1], name="fwd0.1")))
+    second = replace(region, name="fwd1", index=1, members=(replace(region.members[1], name="fwd1.0"),))
+    split = replace(fused, ops=(first, second, fused.ops[1]))
+    [(regions, ops)] = region_groups(unfused, split)
+    assert [r.name for r in regions] == ["fwd0", "fwd1"] and [op.name for op in ops] == ["fwd0", "fwd1"]
+    apart = replace(fused, ops=(replace(first, members=first.members[:1]), second, fused.ops[1]))
+    assert [([r.name for r in rs], [op.name for op in ops]) for rs, ops in region_groups(unfused, apart)] == [
+        (["fwd0"], ["fwd0"]), (["fwd1"], ["fwd1"])]  # no op in common: priced apart
+    assert region_groups(unfused, replace(fused, ops=(fused.ops[1],))) == []  # no regions: no shares
+
+
 def test_producer_of_an_input_is_an_error(tiny_graph):
     with pytest.raises(KeyError, match="'x' has no producing op"):
         CostModel(tiny_graph, "cpu").producer_cost("x")
