@@ -1,6 +1,7 @@
 """Decision quality: the extra step time each plan predicts vs the extra step time it costs, measured.
 
     .venv/bin/python benchmarks/decision_quality.py --rounds 25
+    .venv/bin/python benchmarks/decision_quality.py --rounds 25 --executors nvfuser-standin
 
 For tiny Llama-2 and Pythia (2 layers, width 256, seq 256, fp32, CPU, 1 thread) and for two sources
 of op costs (the CPU formulas, and ``cost_table="auto"``: ops timed on this machine first), plans
@@ -9,7 +10,10 @@ model and cost source runs round-robin with the save-all plan (one step of each 
 machine noise hits all alike); the measured extra time of a plan is the median over rounds of
 (its step time - the save-all step time of that round), with the standard error of the mean of
 those differences beside it. Predicted extra time is the plan's `extra_time_s` minus the
-save-all plan's.
+save-all plan's. With a fusion executor (``--executors``) the budgets are fractions of that
+executor's own save-all and each plan is made through Thunder's fusion pass (a few dry runs per
+compilation); ``auto`` then times the fusion regions whole and prices each recomputed op by its
+share of its region (`remat_opt.costing`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import thunder  # noqa: E402
 import torch  # noqa: E402
 
 from remat_opt import InfeasibleBudgetError  # noqa: E402
-from remat_opt.executors.sdpa_cpu import sdpa_cpu_ex  # noqa: E402
+from remat_opt.executors import EXECUTOR_CHOICES, executors_for  # noqa: E402
 from remat_opt.measure import measure_saved_bytes  # noqa: E402
 from remat_opt.transform import CostRemat, last_planned_step  # noqa: E402
 
@@ -44,22 +48,22 @@ def _model(name: str, args):
     return GPT(config), (torch.randint(0, 256, (1, args.seq)),)
 
 
-def _jit(model, budget_bytes: int, cost_table):
+def _jit(model, budget_bytes: int, cost_table, executors):
     transform = CostRemat(activation_budget_gb=budget_bytes / 1e9, device_spec=None if cost_table else "cpu",
                           cost_table=cost_table)
-    return thunder.jit(model, transforms=[transform], executors=[sdpa_cpu_ex, *thunder.get_default_executors()])
+    return thunder.jit(model, transforms=[transform], executors=executors)
 
 
-def _plans(model, inputs, save_all: int, cost_table) -> dict:
+def _plans(model, inputs, save_all: int, cost_table, executors) -> dict:
     """label -> (jitted, plan) at every budget; the minimum is found from the infeasibility error."""
     systems = {}
     for label, fraction in FRACTIONS:
         budget = int(fraction * save_all)
-        jitted = _jit(model, budget, cost_table)
+        jitted = _jit(model, budget, cost_table, executors)
         try:
             jitted(*inputs).float().sum().backward()
         except InfeasibleBudgetError as e:
-            jitted = _jit(model, e.minimum, cost_table)
+            jitted = _jit(model, e.minimum, cost_table, executors)
             jitted(*inputs).float().sum().backward()
         systems[label] = (jitted, last_planned_step(jitted).plan)
     return systems
@@ -86,18 +90,25 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=25)
+    parser.add_argument("--executors", default="fused-sdpa", choices=EXECUTOR_CHOICES,
+                        help="torch-compile or nvfuser-standin: plans through Thunder's fusion pass, and 'auto' "
+                             "prices the recomputed ops by their share of the regions timed whole")
+    parser.add_argument("--costs", default="formula,auto", help="cost sources to compare: formula, auto or both")
     args = parser.parse_args()
+    executors = executors_for(args.executors)
     torch.set_num_threads(1)
     os.environ.setdefault("REMAT_OPT_COST_CACHE", tempfile.mkdtemp(prefix="remat-opt-costs-"))
-    print(f"n_layer={args.n_layer} seq={args.seq} width={args.width}, fp32, CPU, 1 thread, {args.rounds} rounds")
+    print(f"n_layer={args.n_layer} seq={args.seq} width={args.width}, fp32, CPU, 1 thread, {args.rounds} rounds, "
+          f"executors {args.executors}")
     print(f"{'model':<16}{'costs':<10}{'budget':<10}{'saved B':>11}{'predicted ms':>14}{'measured ms':>13}"
           f"{'+- SE':>8}{'error ms':>10}")
     for name in args.models.split(","):
         model, inputs = _model(name, args)
-        baseline = thunder.jit(model, executors=[sdpa_cpu_ex, *thunder.get_default_executors()])
+        baseline = thunder.jit(model, executors=executors)
         save_all = measure_saved_bytes(baseline, *inputs).activation_bytes
-        for costs, table in (("formula", None), ("auto", "auto")):
-            systems = _plans(model, inputs, save_all, table)
+        for costs in args.costs.split(","):
+            table = {"formula": None, "auto": "auto"}[costs]
+            systems = _plans(model, inputs, save_all, table, executors)
             times = _measure(systems, inputs, args.rounds)
             reference_s = systems["save-all"][1].extra_time_s
             for label, (_, plan) in systems.items():

@@ -15,6 +15,11 @@ Per run it prints the measured step peak (`remat_opt.measure.measure_step_peak_b
 median step time (CUDA events, after warm-up), and whether an SDPA forward was recomputed (an SDPA
 forward symbol in ``thunder.last_backward_traces(jitted)[-1]``).
 
+Then (issue 13) the ``nvFusionN`` regions of Thunder's own compilation are timed whole on the GPU
+through the fusion definitions Thunder built (`remat_opt.profiling.profile_graph`, CUDA events), and
+the summed table is printed beside Thunder alone's median step; with ``--auto-costs`` one more run
+plans at the first budget with ``cost_table="auto"`` (regions timed whole price the recomputed ops).
+
 Without CUDA it exits with status 2 and ``needs CUDA: ...``.
 """
 
@@ -43,6 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device-spec", default=None,
                         help="cost-model device spec (default: from torch.cuda.get_device_name())")
     parser.add_argument("--no-cudnn", action="store_true", help="leave the cuDNN executor out")
+    parser.add_argument("--auto-costs", action="store_true",
+                        help="one more run at the first budget with cost_table='auto' (ops and regions timed first)")
     args = parser.parse_args(argv)
     try:
         args.fractions = [float(x) for x in args.budgets_frac.split(",") if x.strip()]
@@ -236,11 +243,37 @@ def main(argv=None) -> int:
         row = run_one(f"CostRemat {frac:.2f} ({budget_gb:.1f}GB)", CostRemat(budget_gb=budget_gb, device_spec=spec),
                       model, x, ex_list, args)
         print_row(row, base_ms)
-    try:
-        standin_against_nvfuser(args, model, x, ex_list, base)
-    except Exception as e:  # noqa: BLE001  (report it; the runs above stand)
-        print(f"stand-in comparison failed: {type(e).__name__}: {e}", flush=True)
+    if args.auto_costs:
+        budget_gb = args.fractions[0] * save_all_peak / GB
+        row = run_one(f"auto costs {args.fractions[0]:.2f}", CostRemat(budget_gb=budget_gb, cost_table="auto"),
+                      model, x, ex_list, args)
+        print_row(row, base_ms)
+    for check in (standin_against_nvfuser, regions_timed_whole):
+        try:
+            check(args, model, x, ex_list, base)
+        except Exception as e:  # noqa: BLE001  (report it; the runs above stand)
+            print(f"{check.__name__} failed: {type(e).__name__}: {e}", flush=True)
     return 0
+
+
+def regions_timed_whole(args, model, x, ex_list, base: dict) -> None:
+    """Issue 13 on a GPU: every op and nvFusion region of Thunder's compilation timed on the device
+    (regions whole, through the fusion definitions Thunder built), summed beside the measured step."""
+    from costmodels.formulas import is_fusion_symbol
+    from remat_opt import analyze
+    from remat_opt.costing import CostModel
+    from remat_opt.profiling import REGION_NOTE, profile_graph
+
+    graph = analyze(model, x, executors=ex_list)
+    table = profile_graph(graph, device="cuda", progress=False, model=f"{args.model} n_layer={args.n_layer}")
+    regions = sum(is_fusion_symbol(op.symbol) for op in graph.ops)
+    timed = sum(e.note == REGION_NOTE for e in table.entries.values())
+    total_ms = 1e3 * CostModel(graph, table=table).total_time_s()
+    print(f"regions timed whole on the GPU: {timed} distinct of {regions} regions in the graph; {len(table.entries)} "
+          f"distinct ops and regions timed, {len(table.skipped)} skipped; summed table {total_ms:.2f} ms vs Thunder's "
+          f"median step {base.get('ms', float('nan')):.2f} ms", flush=True)
+    for key, reason in table.skipped[:10]:
+        print(f"  skipped {key[:100]}: {reason}", flush=True)
 
 
 def standin_against_nvfuser(args, model, x, ex_list, base: dict) -> None:

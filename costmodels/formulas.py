@@ -128,7 +128,10 @@ class OpCost:
         dtype: dtype that selects the device's peak (the first input's, else the first output's).
         formula: registry entry that produced it (``"matmul"``, ``"fusion"``, ``"fallback"``, ...).
         time_s: predicted or measured time in seconds (None until a cost model sets it).
-        source: ``"formula"`` (roofline over this cost) or ``"measured"`` (a cost table entry).
+        source: where `time_s` comes from, one of `TIME_SOURCES`: ``"formula"`` (roofline over
+            this cost), ``"measured"`` (a cost-table entry for this op), ``"measured region"`` (a
+            fusion region timed whole, as its executor runs it) or ``"region share"`` (an unfused
+            op priced by its share of a region measured whole; see `remat_opt.costing`).
         network_bytes: bytes this rank sends over the interconnect (collectives; 0 otherwise).
         collective_calls: collective calls issued (each pays the link's latency); an op with any
             is timed by the interconnect, not the roofline.
@@ -699,10 +702,19 @@ def missing_formulas(args: OpArgs) -> list[str]:
     return missing
 
 
+# Where an op's time comes from (`OpCost.source`); all but "formula" come from measurements.
+TIME_SOURCES = ("formula", "measured", "measured region", "region share")
+
+
+def is_measured(source: str) -> bool:
+    """Whether a time with this `OpCost.source` comes from a measurement on the device."""
+    return source != "formula"
+
+
 def with_time(cost: OpCost, time_s: float, source: str) -> OpCost:
-    """`cost` with its time and where the time came from (``"formula"`` or ``"measured"``)."""
-    if source not in ("formula", "measured"):
-        raise ValueError(f"source must be 'formula' or 'measured', got {source!r}")
+    """`cost` with its time and where the time came from (one of `TIME_SOURCES`)."""
+    if source not in TIME_SOURCES:
+        raise ValueError(f"source must be one of {', '.join(map(repr, TIME_SOURCES))}, got {source!r}")
     return replace(cost, time_s=float(time_s), source=source)
 
 

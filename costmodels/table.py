@@ -9,6 +9,7 @@ versions, or one that is not a valid table, with a message saying what differs a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import warnings
@@ -17,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 
 from costmodels.devices import CpuCalibration, current_device_name
-from costmodels.formulas import OpArgs, TensorMeta
+from costmodels.formulas import FUSION_PATTERN, OpArgs, TensorMeta
 
 SCHEMA = "remat-opt-cost-table"
 SCHEMA_VERSION = 1
@@ -81,12 +82,25 @@ def _tensor_text(t: TensorMeta) -> str:
 def op_key(args: OpArgs) -> str:
     """Key of an op in a cost table: symbol, input and output shapes and dtypes, attributes.
 
-    Example: ``"matmul(float32[1,4,32,16], float32[1,4,16,32]) -> float32[1,4,32,32]"``.
+    Example: ``"matmul(float32[1,4,32,16], float32[1,4,16,32]) -> float32[1,4,32,32]"``. A fusion
+    region is keyed by its signature instead of its name (`region_signature`): ``TorchCompile3`` of
+    one run is ``TorchCompile0`` of another.
     """
     inputs = ", ".join(_tensor_text(t) for t in args.inputs)
     attrs = "".join(f"; {k}={v!r}" for k, v in args.attrs)
     outputs = ", ".join(_tensor_text(t) for t in args.outputs)
-    return f"{args.symbol}({inputs}{attrs}) -> {outputs}"
+    symbol = region_signature(args) if FUSION_PATTERN.match(args.symbol) else args.symbol
+    return f"{symbol}({inputs}{attrs}) -> {outputs}"
+
+
+def region_signature(args: OpArgs) -> str:
+    """A fusion region's name in a table key: its executor's family and a digest of its member ops
+    (each one's `op_key`, in order), e.g. ``"TorchCompile[12 ops #3f9a0c1b2d4e]"``; with the
+    region's own input and output shapes around it (`op_key`) it names the same computation in
+    any run and any model."""
+    family = FUSION_PATTERN.match(args.symbol).group(1)
+    digest = hashlib.sha256("\n".join(op_key(m) for m in args.members).encode()).hexdigest()[:12]
+    return f"{family}[{len(args.members)} ops #{digest}]"
 
 
 def library_versions() -> tuple[str, str]:

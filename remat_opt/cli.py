@@ -382,7 +382,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from costmodels.table import load_table, save_table
     from costmodels.timing import ProfileOptions
     from remat_opt.cost_report import compare, format_comparison
-    from remat_opt.profiling import profile_graph
+    from remat_opt.profiling import REGION_NOTE, profile_graph
 
     device = args.device or args.default_device
     if not (device == "cpu" or device.startswith("cuda")):
@@ -397,7 +397,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     table = profile_graph(graph, device=device, options=options, progress=not args.no_progress, model=repr(spec))
     path = save_table(table, args.output or default_table_path(table.device))
     table = load_table(path, device=device)  # what planners will read: check it round-trips
-    print(f"wrote {path}: {len(table.entries)} ops timed, {len(table.skipped)} skipped, on {table.device}")
+    regions = sum(e.note == REGION_NOTE for e in table.entries.values())
+    print(f"wrote {path}: {len(table.entries)} ops timed ({regions} fusion regions timed whole), "
+          f"{len(table.skipped)} skipped, on {table.device}")
     for key, reason in table.skipped:
         print(f"  skipped {key[:100]}: {reason}")
     if args.report:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from costmodels.devices import cpu_device_spec, get_device_spec
+from costmodels.formulas import is_measured
 from costmodels.table import CostTable, op_key
 from remat_opt.costing import CostModel, op_args
 from remat_opt.graph import JointGraph
@@ -65,7 +66,7 @@ def compare(graph: JointGraph, table: CostTable) -> Comparison:
     rows = {}
     for op in graph.ops:
         cost = measured.op_cost(op)
-        if cost.source == "measured":
+        if is_measured(cost.source):
             key = op_key(op_args(graph, op))
             rows.setdefault(key, (key, op.symbol, predicted.op_cost(op).time_s, cost.time_s))
     rows = tuple(rows.values())
@@ -74,7 +75,7 @@ def compare(graph: JointGraph, table: CostTable) -> Comparison:
         spearman=spearman([r[2] for r in rows], [r[3] for r in rows]) if len(rows) > 1 else float("nan"),
         predicted_total_s=predicted.total_time_s(),
         measured_total_s=measured.total_time_s(),
-        measured_ops=sum(measured.op_cost(op).source == "measured" for op in graph.ops),
+        measured_ops=sum(is_measured(measured.op_cost(op).source) for op in graph.ops),
         ops=len(graph.ops),
     )
 

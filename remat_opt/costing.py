@@ -7,8 +7,20 @@ any op or chain of ops of the graph.
     >>> costs.chain_time_s(ops)      # recompute time of a chain of ops
 
 Every `OpCost` says where its time comes from: ``source="measured"`` (a cost-table entry for the
-same symbol, shapes, dtypes and attributes) or ``source="formula"`` (the roofline of the formula on
-the device spec). `coverage_report` lists the ops that only have the fallback formula.
+same symbol, shapes, dtypes and attributes), ``"measured region"`` (a fusion region timed whole),
+``"region share"`` (below) or ``"formula"`` (the roofline of the formula on the device spec).
+`coverage_report` lists the ops that only have the fallback formula.
+
+**Region shares.** With a fusion executor, `CostRemat` plans on the *unfused* graph (a tag re-runs
+members, not regions) while the device runs Thunder's regions. Given the fused graph of the same
+compilation (`region_graph`), an unfused forward op is priced as its share of the measured
+whole-region time of the regions its pre-autodiff op runs in: its own time (measured alone, else
+the roofline) times ``sum of those regions' measured times / sum of the own times of the unfused
+ops they hold``. Regions and unfused ops are matched by pre-autodiff op (`OpNode.tag_units`, the
+one name two dry runs share), and regions that share a pre-autodiff op are priced together.
+Why a share: a recomputed member runs inside a backward region, fused with its neighbours, so its
+fused cost is what the forward region shows, not its cost alone; recomputing a whole region's ops
+costs exactly that region's measured time, and the members keep the ranking of their own times.
 """
 
 from __future__ import annotations
@@ -26,7 +38,17 @@ from costmodels.devices import (
     get_device_spec,
     roofline_time_s,
 )
-from costmodels.formulas import OpArgs, OpCost, TensorMeta, formula_cost, has_formula, missing_formulas, with_time
+from costmodels.formulas import (
+    OpArgs,
+    OpCost,
+    TensorMeta,
+    formula_cost,
+    has_formula,
+    is_fusion_symbol,
+    is_measured,
+    missing_formulas,
+    with_time,
+)
 from costmodels.table import CostTable, op_key
 from remat_opt.graph import JointGraph, OpNode
 
@@ -132,30 +154,53 @@ class CostModel:
         device: a `DeviceSpec`, a GPU name (``"H100"``, ``"A100-80GB"``), ``"cpu"``, or None to take
             it from `table` (or from the graph's device for a CPU graph).
         table: measured times, preferred over formulas where an entry matches.
+        region_graph: the fused graph of the same compilation, when `graph` is its unfused twin:
+            forward ops of regions the table timed whole are priced by their share (module docstring).
     """
 
-    def __init__(self, graph: JointGraph, device: DeviceSpec | str | None = None, table: CostTable | None = None):
+    def __init__(self, graph: JointGraph, device: DeviceSpec | str | None = None, table: CostTable | None = None,
+                 region_graph: JointGraph | None = None):
         self.graph = graph
         self.table = table
         self.device = resolve_device(device, table, graph)
+        self.region_graph = region_graph
         self._costs: dict[str, OpCost] = {}
         self._by_name = {op.name: op for op in graph.ops}
+        self._region_factors: dict[str, float] | None = None
 
     def op_cost(self, op: OpNode | str) -> OpCost:
         """Cost of one op (an `OpNode` or its name), with ``time_s`` and ``source`` set."""
         op = self._by_name[op] if isinstance(op, str) else op
         cached = self._costs.get(op.name)
-        if cached is not None:
-            return cached
+        if cached is None:
+            cost = self.own_cost(op)
+            factor = self.region_factors().get(op.name)
+            cached = cost if factor is None else with_time(cost, cost.time_s * factor, "region share")
+            self._costs[op.name] = cached
+        return cached
+
+    def own_cost(self, op: OpNode) -> OpCost:
+        """`op`'s cost from the table or its formula alone (no region share)."""
         args = op_args(self.graph, op)
         cost = formula_cost(args)
         entry = self.table.lookup(op_key(args)) if self.table is not None else None
         if entry is not None:
-            cost = with_time(cost, entry.time_s, "measured")
-        else:
-            cost = with_time(cost, roofline_time_s(cost, self.device), "formula")
-        self._costs[op.name] = cost
-        return cost
+            return with_time(cost, entry.time_s, "measured region" if is_fusion_symbol(op.symbol) else "measured")
+        return with_time(cost, roofline_time_s(cost, self.device), "formula")
+
+    def region_factors(self) -> dict[str, float]:
+        """Unfused forward op name -> the factor its own time is scaled by (see the module docstring)."""
+        if self._region_factors is None:
+            self._region_factors = {}
+            if self.region_graph is not None and self.table is not None:
+                regions = CostModel(self.region_graph, self.device, self.table)
+                for region_ops, ops in region_groups(self.graph, self.region_graph):
+                    times = [regions.op_cost(r) for r in region_ops]
+                    own_s = sum(self.own_cost(op).time_s for op in ops)
+                    if own_s > 0 and all(t.source == "measured region" for t in times):
+                        factor = sum(t.time_s for t in times) / own_s
+                        self._region_factors.update((op.name, factor) for op in ops)
+        return self._region_factors
 
     def chain_cost(self, ops: Iterable[OpNode | str]) -> OpCost:
         """Summed cost of a chain of ops (e.g. what recomputing a tensor runs).
@@ -177,7 +222,7 @@ class CostModel:
             dtype=costs[0].dtype,
             formula="chain",
         )
-        source = "measured" if all(c.source == "measured" for c in costs) else "formula"
+        source = "measured" if all(is_measured(c.source) for c in costs) else "formula"
         return replace(total, time_s=sum(c.time_s for c in costs), source=source)
 
     def chain_time_s(self, ops: Iterable[OpNode | str]) -> float:
@@ -199,7 +244,35 @@ class CostModel:
     def measured_share(self) -> float:
         """Fraction of the graph's ops whose time comes from the table."""
         ops = self.graph.ops
-        return sum(self.op_cost(op).source == "measured" for op in ops) / max(1, len(ops))
+        return sum(is_measured(self.op_cost(op).source) for op in ops) / max(1, len(ops))
+
+
+def region_groups(unfused: JointGraph, fused: JointGraph) -> list[tuple[list[OpNode], list[OpNode]]]:
+    """``(forward regions of fused, forward ops of unfused)`` that run the same pre-autodiff ops.
+
+    An op belongs to the pre-autodiff op it was decomposed from (its first `OpNode.tag_units`, the
+    shallowest; a region: the union over its members); regions sharing one are grouped together.
+    """
+    parent: dict[str, str] = {}
+
+    def root(unit: str) -> str:
+        while parent.setdefault(unit, unit) != unit:
+            unit = parent[unit]
+        return unit
+
+    regions = [op for op in fused.forward_ops if op.members]
+    region_units = [[m.tag_units[0] for m in r.members if m.tag_units] for r in regions]
+    for units in region_units:
+        for unit in units[1:]:
+            parent[root(unit)] = root(units[0])
+    groups: dict[str, tuple[list[OpNode], list[OpNode]]] = {}
+    for region, units in zip(regions, region_units):
+        if units:
+            groups.setdefault(root(units[0]), ([], []))[0].append(region)
+    for op in unfused.forward_ops:
+        if op.tag_units and op.tag_units[0] in parent and root(op.tag_units[0]) in groups:
+            groups[root(op.tag_units[0])][1].append(op)
+    return [group for group in groups.values() if group[1]]
 
 
 @dataclass(frozen=True, slots=True)

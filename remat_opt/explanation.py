@@ -25,7 +25,9 @@ class ExplainRow:
     recompute_ms: float
     tag_target: str | None
     reason: str
-    cost_source: str = "-"  # of `recompute_ms`: "measured", "formula", "measured+formula" ("-": not recomputed)
+    # of `recompute_ms`: the `OpCost.source` of its ops joined by "+" ("measured", "formula",
+    # "measured region", "region share"; "-": not recomputed)
+    cost_source: str = "-"
 
 
 @dataclass(frozen=True)
@@ -160,5 +162,18 @@ def explain_step(step: PlannedStep) -> Explanation:
         extra_time_s=plan.extra_time_s,
         recomputed_tag_targets=plan.recomputed_tag_targets,
         cached=step.cached,
-        notes=(*step.remarks, *graph.notes),
+        notes=(*step.remarks, *_source_legend(rows), *graph.notes),
     )
+
+
+_LEGEND = {
+    "measured region": "'measured region': a fusion region timed whole, through the callable Thunder built for it",
+    "region share": ("'region share': an unfused op's own time scaled by how its fusion regions, timed whole, compare "
+                     "with their ops' own times (a recomputed op runs fused in the backward)"),
+}
+
+
+def _source_legend(rows) -> list[str]:
+    """What the cost sources of the recomputed rows that come from whole-region measurements mean."""
+    used = {source for r in rows for source in r.cost_source.split("+")}
+    return [text for source, text in _LEGEND.items() if source in used]

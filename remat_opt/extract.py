@@ -21,6 +21,8 @@ which cannot run on meta, are taken to allocate fresh outputs.
 from __future__ import annotations
 
 import warnings
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from remat_opt import _compat  # noqa: F401  (before thunder)
@@ -31,7 +33,7 @@ import thunder  # noqa: E402
 import torch  # noqa: E402
 from thunder.common import transform_for_execution  # noqa: E402
 from thunder.core import prims  # noqa: E402
-from thunder.core.proxies import FutureTensorProxy, Proxy, TensorProxy  # noqa: E402
+from thunder.core.proxies import FutureTensorProxy, NumberProxy, Proxy, TensorProxy  # noqa: E402
 from thunder.core.pytree import tree_iter  # noqa: E402
 from thunder.core.symbol import BoundSymbol  # noqa: E402
 from thunder.core.trace import TraceCtx, from_trace  # noqa: E402
@@ -360,7 +362,7 @@ def build_joint_graph(
     }
     saved_nodes = tuple(origins.get(p.name) or _classify_saved(p, None, input_names, output_names) for p in saved)
     notes = {**tracker.notes, **{note: 1 for note, _ in fallback_notes([op for _, op in fwd_ops + bwd_ops])}}
-    return g.JointGraph(
+    graph = g.JointGraph(
         ops=tuple(op for _, op in fwd_ops + bwd_ops),
         tensors=tracker.tensor_nodes(),
         saved=saved_nodes,
@@ -370,6 +372,56 @@ def build_joint_graph(
         executors=executors,
         notes=tuple(f"{note} (x{count})" if count > 1 else note for note, count in notes.items()),
     )
+    _register_region_calls(graph, fwd_ops + bwd_ops)
+    return graph
+
+
+@dataclass(frozen=True, slots=True)
+class TensorArg:
+    """An argument of a `RegionCall` that is a tensor of the graph, by name."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class RegionCall:
+    """One fusion region as its executor built it at compile time: the callable the executed trace
+    calls (``TorchCompileN``: the torch.compile'd region; ``nvFusionN``: nvFuser's fusion
+    definition, or the stand-in's region) and its arguments in order, graph tensors as `TensorArg`
+    and any other value as it is. The data model cannot rebuild a region (its members are prims
+    whose permutations, lists and pad widths the graph does not keep), so the profiler runs this."""
+
+    fn: Callable
+    arguments: tuple
+
+
+# id(graph) -> op name -> RegionCall, for the graphs `build_joint_graph` made in this process; an
+# entry leaves with its graph. A side table keeps the data model free of Thunder's callables (a
+# graph can be pickled, deepened or compared).
+_REGION_CALLS: dict[int, dict[str, RegionCall]] = {}
+
+
+def region_calls(graph: g.JointGraph) -> dict[str, RegionCall]:
+    """Op name -> `RegionCall` of each fusion region of `graph`; empty for a graph `build_joint_graph`
+    did not make in this process (loaded from the graph cache, deepened, recorded elsewhere)."""
+    return _REGION_CALLS.get(id(graph), {})
+
+
+def _region_argument(value):
+    if isinstance(value, GRAPH_TENSORS):
+        return TensorArg(value.name)
+    return value.value if isinstance(value, NumberProxy) else value
+
+
+def _register_region_calls(graph: g.JointGraph, ops: list[tuple[BoundSymbol, g.OpNode]]) -> None:
+    calls = {}
+    for bsym, op in ops:
+        fn = (getattr(bsym, "_call_ctx", None) or {}).get(bsym.sym.name) if bsym.sym.is_fusion else None
+        if fn is not None:
+            calls[op.name] = RegionCall(fn=fn, arguments=tuple(_region_argument(a) for a in bsym.args))
+    if calls:
+        _REGION_CALLS[id(graph)] = calls
+        weakref.finalize(graph, _REGION_CALLS.pop, id(graph), None)
 
 
 def fallback_notes(ops) -> list[tuple[str, bool]]:

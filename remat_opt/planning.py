@@ -58,6 +58,8 @@ class PlanRequest:
             (`remat_opt.cost_cache`), and plans with that table.
         device_spec: device spec name to cost for, or None (the table's, else the graph's device).
         time_limit_s: solver time limit.
+        region_graph: set by `CostRemat` when it plans through a fusion pass: the fused graph whose
+            regions the table timed whole price the unfused graph's ops (`remat_opt.costing`).
     """
 
     peak_budget_bytes: int | None = None
@@ -67,6 +69,7 @@ class PlanRequest:
     device_spec: str | None = None
     time_limit_s: float = 10.0
     auto_costs: bool = False
+    region_graph: JointGraph | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_gb(cls, *, budget_gb=None, activation_budget_gb=None, **kwargs) -> PlanRequest:
@@ -190,7 +193,7 @@ def plan_step(graph: JointGraph, request: PlanRequest) -> PlannedStep:
         InfeasibleBudgetError: no plan meets the budget; the message speaks in GB.
     """
     start_s = time.perf_counter()
-    costs = CostModel(graph, device=request.device_spec, table=request.table)
+    costs = CostModel(graph, device=request.device_spec, table=request.table, region_graph=request.region_graph)
     problem = RecomputeProblem.from_graph(graph, forward_op_times_s(costs, graph))
     if request.peak_budget_bytes is None and request.activation_budget_bytes is None:
         plan = _zero_time_plan(graph, costs, request)
@@ -249,7 +252,7 @@ def pareto_points(graph: JointGraph, request: PlanRequest, n_points: int, budget
     """Pareto points of `graph` costed as `request` says (see `remat_opt.solvers.pareto`)."""
     if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 2:
         raise ValueError(f"n_points must be at least 2 (an integer: least memory and save-all), got {n_points!r}")
-    costs = CostModel(graph, device=request.device_spec, table=request.table)
+    costs = CostModel(graph, device=request.device_spec, table=request.table, region_graph=request.region_graph)
     return solve_pareto_front(graph, forward_op_times_s(costs, graph), n_points, budget=budget)
 
 

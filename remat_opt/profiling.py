@@ -6,11 +6,17 @@ strides and aliasing, realistic values), and each distinct (symbol, shapes, dtyp
 timed once: warm-up calls, then the median of repeats (wall clock on the CPU, CUDA events on a GPU).
 Inputs and incoming gradients are drawn at random (indices within range of the op that reads them).
 
-Fusion regions (``TorchCompileN``, ``nvFusionN``) are **skipped with a reason**: the graph holds
-their member ops but not the compiled kernel, and timing the members one by one would measure an
-unfused program. Their cost stays the roofline of their members' FLOPs and boundary bytes; the table
-lists every skipped op and why. Ops without a runner are skipped the same way; their outputs are
-drawn at random so the replay goes on.
+Fusion regions (``TorchCompileN``, ``nvFusionN``) are **timed whole**: the graph holds their
+member ops but not the compiled kernel (and timing the members one by one would measure an unfused
+program), so the replay calls the region callable Thunder built at compile time
+(`remat_opt.extract.region_calls`: the torch.compile'd region, nvFuser's fusion definition, the
+stand-in's region) on the tensors the replay produced. Their table key is the region's signature
+(member ops, input and output shapes; `costmodels.table.region_signature`), not its name, so a
+measurement serves any run with the same region. A graph without its callables (loaded from the
+graph cache, deepened, recorded on another machine) skips its regions with a reason: their cost
+stays the roofline of their members' FLOPs and boundary bytes. Ops without a runner are skipped the
+same way; their outputs are drawn at random so the replay goes on. The table lists every skipped op
+and why.
 """
 
 from __future__ import annotations
@@ -23,12 +29,17 @@ from dataclasses import dataclass, field
 import torch
 
 from costmodels.devices import calibrate_cpu, current_device_name
-from costmodels.formulas import OpArgs, TensorMeta
+from costmodels.formulas import OpArgs, TensorMeta, is_fusion_symbol
 from costmodels.runners import approximation, index_bound, make_call, skip_reason
 from costmodels.table import CostTable, TableEntry, library_versions, op_key
 from costmodels.timing import ProfileOptions, time_call
 from remat_opt.costing import op_args
+from remat_opt.extract import RegionCall, TensorArg, region_calls
 from remat_opt.graph import JointGraph, OpNode
+
+NO_REGION_CALLABLE = ("fusion region without the callable Thunder built for it (a graph loaded from the cache, "
+                      "deepened or recorded elsewhere): costed by the roofline of its members")
+REGION_NOTE = "timed whole: the region's callable as Thunder built it"
 
 
 @dataclass(slots=True)
@@ -156,6 +167,21 @@ def _matches(tensors: list[torch.Tensor], metas: tuple[TensorMeta, ...], *, chec
     )
 
 
+def _region_call(region: RegionCall, state: _Replay, op: OpNode, args: OpArgs):
+    state.inputs(op, args)  # draws the inputs no earlier op produced
+    arguments = [state.env[a.name] if isinstance(a, TensorArg) else a for a in region.arguments]
+    return lambda: region.fn(*arguments)
+
+
+def _op_call(op: OpNode, args: OpArgs, state: _Replay, regions: dict[str, RegionCall]) -> tuple:
+    """``(call, None)``, or ``(None, why it cannot run)``."""
+    if is_fusion_symbol(op.symbol):
+        region = regions.get(op.name) if state.device != "meta" else None  # meta: shapes only, no compiling
+        return (_region_call(region, state, op, args), None) if region else (None, NO_REGION_CALLABLE)
+    reason = skip_reason(op.symbol)
+    return (make_call(args, state.inputs(op, args), state.device), None) if reason is None else (None, reason)
+
+
 def replay(
     graph: JointGraph,
     device: str,
@@ -165,35 +191,41 @@ def replay(
     progress: bool = False,
     time_keys: set[str] | None = None,
     deadline_s: float | None = None,
+    regions: dict[str, RegionCall] | None = None,
 ) -> ReplayResult:
     """Runs every op of `graph` on `device`, timing each distinct op key once when `time_ops`
     (only the keys in `time_keys` when given, and none after `time.perf_counter()` passes `deadline_s`).
 
-    On ``device="meta"`` nothing runs for real: use ``time_ops=False`` to check that every runner
-    produces the shapes and dtypes the graph records (`ReplayResult.problems`).
+    Fusion regions run through `regions` (op name -> `RegionCall`; default: the callables Thunder
+    built for `graph`, `remat_opt.extract.region_calls`). On ``device="meta"`` nothing runs for
+    real: use ``time_ops=False`` to check that every runner produces the shapes and dtypes the graph
+    records (`ReplayResult.problems`).
     """
     options = options or ProfileOptions()
+    regions = region_calls(graph) if regions is None else regions
     state, result = _Replay(graph, device), ReplayResult()
     with torch.no_grad():
         for index, op in enumerate(_progress(list(graph.ops), progress, "profiling ops")):
             args = op_args(graph, op)
             key = op_key(args)
-            reason = skip_reason(op.symbol)
-            output, ok = None, False
-            if reason is None:
-                try:
-                    call = make_call(args, state.inputs(op, args), device)
-                    wanted = time_keys is None or key in time_keys
-                    in_time = deadline_s is None or time.perf_counter() < deadline_s
-                    if time_ops and key not in result.times and wanted and in_time:
+            output, ok, reason = None, False, None
+            wanted = time_keys is None or key in time_keys
+            timing = time_ops and key not in result.times and wanted and (
+                deadline_s is None or time.perf_counter() < deadline_s)
+            # a region not timed now is not run (a torch.compile region would compile): random outputs
+            run = timing or not is_fusion_symbol(op.symbol)
+            try:
+                call, reason = _op_call(op, args, state, regions) if run else (None, None)
+                if call is not None:
+                    if timing:
                         seconds, repeats = time_call(call, device, options)
-                        result.times[key] = TableEntry(
-                            key=key, symbol=op.symbol, time_s=seconds, repeats=repeats, note=approximation(op.symbol)
-                        )
+                        note = REGION_NOTE if is_fusion_symbol(op.symbol) else approximation(op.symbol)
+                        result.times[key] = TableEntry(key=key, symbol=op.symbol, time_s=seconds, repeats=repeats,
+                                                       note=note)
                     output, ok = call(), True
-                except Exception as e:  # a runner that fails is reported, and the replay goes on
-                    reason = f"runner failed: {type(e).__name__}: {str(e)[:200]}"
-                    result.problems.append(f"{op.name} {op.symbol}: {reason}")
+            except Exception as e:  # a runner that fails is reported, and the replay goes on
+                reason = f"runner failed: {type(e).__name__}: {str(e)[:200]}"
+                result.problems.append(f"{op.name} {op.symbol}: {reason}")
             if reason is not None:
                 result.skipped.setdefault(key, reason)
             problem, note = state.store(op, args, output, ok)

@@ -9,6 +9,9 @@ With a fusion executor (nvFuser, the nvFuser stand-in, Thunder's torch.compile e
 re-partitions the joint trace after the tags and runs its own rematerialization, so the plan is made
 through that pass: the solver plans on the unfused graph and each candidate is realized by a dry run
 with its tags (`_ThroughFusion`, `remat_opt.fusion_search`); the realized bytes are the prediction.
+Its recompute times are the unfused ops' own, or, where the cost table timed Thunder's regions
+whole (``cost_table="auto"``, ``remat-opt profile``), each op's share of its region's measured time
+(`remat_opt.costing`).
 """
 
 from __future__ import annotations
@@ -165,13 +168,15 @@ class CostRemat(Transform):
             forward_trace, backward_trace = extract.dry_run(computation_trace, executors_list)
             if backward_trace is None:
                 return prologue_trace, _recorded(computation_trace, _NO_BACKWARD), epilogue_trace
-            graph = extract.build_joint_graph(forward_trace, backward_trace, names)
+            graph = region_graph = extract.build_joint_graph(forward_trace, backward_trace, names)
             if _has_fusion(graph):  # Thunder's fusion pass re-partitions after the tags: plan through it
                 through = _ThroughFusion(computation_trace, executors_list, names, graph)
                 graph, planner = through.graph, through.plan
             else:
-                planner = functools.partial(plan_step, graph)
-            request, costs_note = with_auto_costs(self.request, graph)
+                planner, region_graph = functools.partial(plan_step, graph), None
+            request, costs_note = with_auto_costs(self.request, graph, region_graph)
+            if region_graph is not None:  # regions the table timed whole price the unfused ops (costing)
+                request = replace(request, region_graph=region_graph)
             step = for_ranks(self._plan(graph, planner, _thunderfx_subgraph(), request))
             if costs_note:
                 step = replace(step, remarks=(*step.remarks, costs_note))

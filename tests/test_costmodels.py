@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
 
@@ -382,6 +383,59 @@ def test_cost_model_prefers_measured_entries(tiny_graph):
     assert (chain.flops, chain.kernels) == (8192 + 256, 2)
     assert costs.chain_cost(["fwd0"]).source == "measured"
     assert costs.measured_share() == pytest.approx(1 / 3)
+
+
+def _fused_twin(tiny_graph: JointGraph) -> tuple[JointGraph, JointGraph]:
+    """`tiny_graph` with tag units (linear: "h", exp: "e"), and its fused twin: one region running both."""
+    unfused = replace(tiny_graph, ops=(replace(tiny_graph.ops[0], tag_units=("h",)),
+                                       replace(tiny_graph.ops[1], tag_units=("e",)), tiny_graph.ops[2]))
+    members = tuple(replace(op, name=f"fwd0.{i}") for i, op in enumerate(unfused.ops[:2]))
+    region = OpNode(name="fwd0", symbol="TorchCompile0", is_backward=False, index=0, inputs=("x", "w"),
+                    outputs=("e",), members=members, op_tags=frozenset({"fusion"}))
+    return unfused, replace(tiny_graph, ops=(region, tiny_graph.ops[2]))
+
+
+def _times_table(graph: JointGraph, times_s: dict[str, float]) -> CostTable:
+    from remat_opt.costing import op_args
+
+    keys = {name: op_key(op_args(graph, op)) for op in graph.ops if (name := op.name) in times_s}
+    return CostTable(device="cpu: test", device_kind="cpu", torch_version="x", thunder_version="y",
+                     entries={k: TableEntry(key=k, symbol=n, time_s=times_s[n], repeats=1) for n, k in keys.items()})
+
+
+def test_unfused_ops_take_their_share_of_a_region_timed_whole(tiny_graph):
+    unfused, fused = _fused_twin(tiny_graph)
+    own = _times_table(unfused, {"fwd0": 3e-6, "fwd1": 1e-6})
+    region = _times_table(fused, {"fwd0": 2e-6})
+    table = replace(own, entries={**own.entries, **region.entries})
+    assert CostModel(fused, "cpu", table).op_cost("fwd0").source == "measured region"
+    costs = CostModel(unfused, "cpu", table, region_graph=fused)
+    linear, exp = costs.op_cost("fwd0"), costs.op_cost("fwd1")
+    # own times 3 us + 1 us, the region they run in 2 us: each op costs half its own time
+    assert (linear.source, exp.source) == ("region share", "region share")
+    assert linear.time_s == pytest.approx(1.5e-6, rel=1e-12) and exp.time_s == pytest.approx(0.5e-6, rel=1e-12)
+    assert costs.op_cost("bwd0").source == "formula"  # backward ops keep their own cost
+    assert costs.chain_cost(["fwd0", "fwd1"]).source == "measured"
+    # a region without a whole-region time leaves the ops their own times
+    unpriced = CostModel(unfused, "cpu", own, region_graph=fused)
+    assert unpriced.op_cost("fwd0").source == "measured" and unpriced.op_cost("fwd0").time_s == 3e-6
+
+
+def test_regions_that_share_a_pre_autodiff_op_are_priced_together(tiny_graph):
+    from remat_opt.costing import region_groups
+
+    unfused, fused = _fused_twin(tiny_graph)
+    region = fused.ops[0]
+    # the region split in two, both running part of the exp's pre-autodiff op "e"
+    first = replace(region, name="fwd0", members=(region.members[0], replace(region.members[1], name="fwd0.1")))
+    second = replace(region, name="fwd1", index=1, members=(replace(region.members[1], name="fwd1.0"),))
+    split = replace(fused, ops=(first, second, fused.ops[1]))
+    [(regions, ops)] = region_groups(unfused, split)
+    assert [r.name for r in regions] == ["fwd0", "fwd1"] and [op.name for op in ops] == ["fwd0", "fwd1"]
+    apart = replace(fused, ops=(replace(first, members=first.members[:1]), second, fused.ops[1]))
+    assert [([r.name for r in rs], [op.name for op in ops]) for rs, ops in region_groups(unfused, apart)] == [
+        (["fwd0"], ["fwd0"]), (["fwd1"], ["fwd1"])]  # no op in common: priced apart
+    assert region_groups(unfused, replace(fused, ops=(fused.ops[1],))) == []  # no regions: no shares
 
 
 def test_producer_of_an_input_is_an_error(tiny_graph):

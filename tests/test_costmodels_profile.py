@@ -11,6 +11,7 @@ import remat_opt
 from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
 
 import math
+from dataclasses import replace
 
 import pytest
 import thunder
@@ -25,7 +26,8 @@ from remat_opt.costing import CostModel, coverage_report, op_args
 from costmodels.formulas import formula_cost
 from costmodels.timing import ProfileOptions
 from remat_opt.cli import main
-from remat_opt.profiling import profile_graph, replay
+from remat_opt.extract import RegionCall, TensorArg, region_calls
+from remat_opt.profiling import NO_REGION_CALLABLE, profile_graph, replay
 from remat_opt.cost_report import compare, format_comparison
 from costmodels.table import load_table, op_key, save_table
 
@@ -132,15 +134,47 @@ def test_roofline_ranks_ops_as_measured(llama_cpu, llama_table):
     assert "Spearman rank correlation" in text and "forward+backward total" in text
 
 
-def test_torch_compile_regions_are_skipped_with_a_reason(block_torch_compile_cpu):
+def test_regions_without_their_callables_are_skipped_with_a_reason(block_torch_compile_cpu):
     graph = block_torch_compile_cpu
     assert [op.symbol for op in graph.ops] == ["TorchCompile0", "TorchCompile1"]
     assert coverage_report(graph).ok
-    table = profile_graph(graph, options=QUICK, progress=False)
+    calls = region_calls(graph)  # what Thunder built: the torch.compile'd regions (not run here: compiling is slow)
+    assert set(calls) == {"fwd0", "bwd0"} and all(callable(c.fn) for c in calls.values())
+    assert [a.name for a in calls["fwd0"].arguments] == list(graph.ops[0].inputs)
+    copy = replace(graph)  # as a graph loaded from the cache or deepened: no callables
+    assert region_calls(copy) == {}
+    table = profile_graph(copy, options=QUICK, progress=False)
     assert table.entries == {}
-    assert len(table.skipped) == 2 and all("fusion region" in reason for _, reason in table.skipped)
-    region = CostModel(graph, table=table).op_cost("fwd0")
+    assert len(table.skipped) == 2 and all(reason == NO_REGION_CALLABLE for _, reason in table.skipped)
+    region = CostModel(copy, table=table).op_cost("fwd0")
     assert region.source == "formula" and region.formula == "fusion" and region.matrix_flops > 0
+
+
+def test_a_region_runs_with_its_recorded_arguments():
+    """The region path nvFuser takes on a GPU (its fusion definition is the callable), on a
+    synthetic region: graph tensors by name, numbers in place, keyed by the members, timed whole."""
+    from remat_opt.graph import JointGraph, OpNode, TensorNode
+
+    def tensor(name, kind):
+        return TensorNode(name, (4, 8), "float32", "cpu", 128, name, 128, kind)
+
+    members = (OpNode("fwd0.0", "exp", False, 0, ("x",), ("e",)), OpNode("fwd0.1", "mul", False, 1, ("e",), ("y",)))
+    region = OpNode("fwd0", "nvFusion3", False, 0, ("x",), ("y",), members=members, op_tags=frozenset({"fusion"}))
+    tensors = {"x": tensor("x", "input"), "e": tensor("e", "internal"), "y": tensor("y", "forward")}
+    graph = JointGraph(ops=(region,), tensors=tensors, saved=(), input_names=("x",), forward_output_names=("y",))
+    seen = []
+
+    def fusion_definition(scale, x):
+        seen.append((scale, tuple(x.shape)))
+        return [torch.exp(x) * scale]
+
+    regions = {"fwd0": RegionCall(fusion_definition, (2.0, TensorArg("x")))}
+    untimed = replay(graph, "cpu", options=QUICK, regions=regions, time_keys=set())
+    assert not seen and untimed.times == {} and untimed.problems == []  # a region not timed is not run
+    result = replay(graph, "cpu", options=QUICK, regions=regions)
+    key = op_key(op_args(graph, region))
+    assert result.problems == [] and set(result.times) == {key} and key.startswith("nvFusion[2 ops #")
+    assert seen and set(seen) == {(2.0, (4, 8))}
 
 
 def test_profile_command_writes_and_reports(tmp_path, capsys):

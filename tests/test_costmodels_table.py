@@ -146,3 +146,22 @@ def test_another_thread_count_warns_but_is_the_same_device(tmp_path):
     with pytest.warns(UserWarning, match=f"measured with {CALIBRATION.threads + 3} CPU threads, this process uses "
                                          f"{CALIBRATION.threads}"):
         assert load_table(path) == table
+
+
+def _region(symbol: str, member_shape: tuple[int, ...]):
+    from costmodels.formulas import OpArgs, TensorMeta
+
+    def meta(shape):
+        return TensorMeta(shape=shape, dtype="float32", nbytes=4 * shape[0], storage_bytes=4 * shape[0])
+
+    member = OpArgs(symbol="exp", inputs=(meta(member_shape),), outputs=(meta(member_shape),))
+    return OpArgs(symbol=symbol, inputs=(meta((8,)),), outputs=(meta((8,)),), members=(member, member))
+
+
+def test_a_region_is_keyed_by_its_members_not_its_number():
+    from costmodels.table import op_key
+
+    assert op_key(_region("TorchCompile0", (8,))) == op_key(_region("TorchCompile7", (8,)))
+    assert op_key(_region("TorchCompile0", (8,))).startswith("TorchCompile[2 ops #")
+    assert op_key(_region("TorchCompile0", (8,))) != op_key(_region("TorchCompile0", (16,)))  # other members
+    assert op_key(_region("nvFusion0", (8,))) != op_key(_region("TorchCompile0", (8,)))  # another executor

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -17,7 +20,13 @@ from remat_opt.executors.nvfuser_standin import (  # noqa: E402
     nvfuser_registrations,
     nvfuser_standin_ex,
 )
+from costmodels.table import CostTable, op_key  # noqa: E402
+from costmodels.timing import ProfileOptions  # noqa: E402
+from remat_opt.cost_cache import ENV_VAR as COST_CACHE_ENV_VAR, auto_cost_table  # noqa: E402
+from remat_opt.costing import CostModel, op_args  # noqa: E402
+from remat_opt.extract import region_calls  # noqa: E402
 from remat_opt.measure import measure_saved_bytes  # noqa: E402
+from remat_opt.profiling import REGION_NOTE, replay  # noqa: E402
 from remat_opt.models import ModelSpec, build_model  # noqa: E402
 from remat_opt.transform import last_planned_step  # noqa: E402
 
@@ -103,18 +112,50 @@ def block_run():
     model(*inputs).sum().backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
-    save_all = analyze(model, *inputs, executors=executors_for("nvfuser-standin")).saved_activation_bytes
-    return model, inputs, grads, save_all
+    graph = analyze(model, *inputs, executors=executors_for("nvfuser-standin"))
+    return model, inputs, grads, graph
 
 
-@pytest.mark.parametrize("fraction", [0.5, 0.0], ids=["50%", "minimum"])
-def test_plans_survive_thunders_fusion_pass(block_run, fraction):
+def test_regions_are_timed_whole(block_run):
+    """The profiler runs the stand-in's regions through the callables Thunder built (as nvFuser's
+    fusion definitions on a GPU), keyed by their members, not their number."""
+    graph = block_run[3]
+    regions = [op for op in graph.ops if op.symbol.startswith("nvFusion")]
+    assert regions and set(region_calls(graph)) == {op.name for op in regions}
+    keys = {op_key(op_args(graph, op)) for op in regions}
+    result = replay(graph, "cpu", options=ProfileOptions(warmup=1, repeats=2, min_time_s=0.0), time_keys=keys)
+    assert result.problems == [] and not result.skipped and set(result.times) == keys
+    assert all(key.startswith("nvFusion[") and result.times[key].note == REGION_NOTE for key in keys)
+    table = CostTable(device="cpu: test", device_kind="cpu", torch_version="x", thunder_version="y",
+                      entries=result.times)
+    assert {CostModel(graph, "cpu", table).op_cost(op).source for op in regions} == {"measured region"}
+
+
+def test_auto_costs_time_regions_of_a_graph_with_callables(block_run, tmp_path, monkeypatch):
+    """A graph without Thunder's callables (cached, deepened) leaves its regions to formulas, and
+    the disk cache does not record them as untimeable: the next graph with callables times them."""
+    monkeypatch.setenv(COST_CACHE_ENV_VAR, str(tmp_path))
+    graph = block_run[3]
+    regions = {op_key(op_args(graph, op)) for op in graph.forward_ops if op.symbol.startswith("nvFusion")}
+    without = auto_cost_table(replace(graph))
+    assert (without.measured_regions, without.untimed_regions) == (0, len(regions)) and regions
+    assert not regions & {key for key, _ in without.table.skipped}
+    with_callables = auto_cost_table(graph)
+    assert (with_callables.measured_regions, with_callables.untimed_regions) == (len(regions), 0)
+    assert with_callables.timed_ops == len(regions)  # the other forward ops came from the cache
+
+
+@pytest.mark.parametrize("fraction, cost_table", [(0.5, None), (0.0, "auto")], ids=["50%", "minimum-auto-costs"])
+def test_plans_survive_thunders_fusion_pass(block_run, fraction, cost_table, tmp_path, monkeypatch):
     """Thunder's fusion pass and rematerialization run after our tags; the plan is made through them
-    (`remat_opt.fusion_search`), so the budget holds and the prediction is what Thunder saves."""
-    model, inputs, eager_grads, save_all = block_run
+    (`remat_opt.fusion_search`), so the budget holds and the prediction is what Thunder saves. With
+    ``cost_table="auto"`` the regions are timed whole and price the unfused ops the solver recomputes."""
+    model, inputs, eager_grads, graph = block_run
+    save_all = graph.saved_activation_bytes
     budget = int(save_all * fraction)
     executors = executors_for("nvfuser-standin")
-    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
+    monkeypatch.setenv(COST_CACHE_ENV_VAR, str(tmp_path))
+    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu", cost_table=cost_table)
     jitted = thunder.jit(model, transforms=[transform], executors=executors)
     measured = measure_saved_bytes(jitted, *inputs)
     measured.output.sum().backward()
@@ -128,6 +169,12 @@ def test_plans_survive_thunders_fusion_pass(block_run, fraction):
     assert step.request.activation_budget_bytes == step.plan.budget_bytes == budget
     # the solver's unfused model alone would have been wrong: the loop is what makes it exact
     assert step.fusion.solver_saved_bytes != step.plan.saved_bytes or fraction == 0.0
+    if cost_table == "auto":
+        explanation = explain(jitted)
+        sources = {r.cost_source for r in explanation.rows if r.action == "recompute"}
+        assert "region share" in sources and any(n.startswith("'region share'") for n in explanation.notes)
+        note = next(n for n in explanation.notes if n.startswith("cost_table='auto'"))
+        assert re.search(r"fusion regions: [1-9]\d* timed whole", note), note
     assert step.fusion.save_all.saved_bytes == save_all
     assert f"it saves {step.plan.saved_bytes:,} B" in str(explain(jitted))
 
