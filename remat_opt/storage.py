@@ -7,9 +7,13 @@ op of the final trace, as printed by Thunder, on meta tensors and asks torch: a 
 `_base` (or itself) is a tensor seen before shares that tensor's storage. Meta tensors allocate
 nothing, so this is fast at any model size.
 
-Fusion regions (nvFuser, torch.compile) cannot run on meta: their outputs are taken to be fresh
-allocations, and their member ops' results are `internal` (never materialized). An op that fails
-on meta also gets fresh outputs, and a note says which.
+Fusion regions: their member ops' results are `internal` (never materialized). nvFuser writes every
+output of a region to a fresh allocation (the nvFuser stand-in copies to match). A torch.compile
+region's outputs that are views keep aliasing what they view (AOTAutograd regenerates an output
+that aliases an input, or an intermediate it also returns, as a view of it): its members run on
+meta through Thunder's torch executor (`region_program`) and the results' bases say which storage
+each output lives in (a split of a region input stays in that input's storage). An op that fails on
+meta gets fresh outputs, and a note says which.
 """
 
 from __future__ import annotations
@@ -18,9 +22,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from remat_opt import _compat  # noqa: F401  (before thunder)
-from thunder.core import dtypes  # noqa: E402
+from thunder.core import dtypes, prims  # noqa: E402
+from thunder.core.codeutils import SigInfo  # noqa: E402
 from thunder.core.proxies import FutureTensorProxy, TensorProxy  # noqa: E402
 from thunder.core.symbol import BoundSymbol  # noqa: E402
+from thunder.core.trace import TraceCtx, tracectx  # noqa: E402
+from thunder.executors.passes import del_last_used, transform_for_execution  # noqa: E402
 
 from costmodels.formulas import COLLECTIVE_KINDS, WAIT_SYMBOLS  # noqa: E402
 from remat_opt.graph import TensorNode  # noqa: E402
@@ -90,7 +97,8 @@ class StorageTracker:
             values = {o.name: _meta_empty(o) for o in outs}
         elif bsym.sym.is_fusion:
             self._register_internal(bsym, {o.name for o in outs})
-            values = {o.name: _meta_empty(o) for o in outs}
+            views_kept = bsym.sym.name.startswith(VIEW_KEEPING_REGIONS)
+            values = self._run_members(bsym, outs) if views_kept else {o.name: _meta_empty(o) for o in outs}
         else:
             values = self._execute(bsym, outs, trace_ctx)
         for o in outs:
@@ -113,6 +121,23 @@ class StorageTracker:
         except Exception as e:  # an op without a meta kernel: assume fresh outputs, and say so
             reason = f"{type(e).__name__}: {e}"
         note = f"{bsym.sym.name} could not run on meta ({reason}); outputs taken as fresh"
+        self.notes[note] = self.notes.get(note, 0) + 1
+        return {o.name: _meta_empty(o) for o in outs}
+
+    def _run_members(self, region: BoundSymbol, outs: list[TensorProxy]) -> dict[str, torch.Tensor]:
+        """A region's outputs computed by its members on meta (views of its inputs stay views)."""
+        inputs = [p for p in region.flat_proxy_args if isinstance(p, TensorProxy)]
+        try:
+            program = region_program(region.subsymbols, inputs, outs, "remat_opt_region_on_meta")
+            with _OnMeta():
+                results = program.python_callable(include_decorators=False)(*(self._values[p.name] for p in inputs))
+            values = dict(zip((o.name for o in outs), results if isinstance(results, (tuple, list)) else (results,)))
+            if len(values) == len(outs) and all(isinstance(v, torch.Tensor) for v in values.values()):
+                return values
+            reason = "returned a non-tensor"
+        except Exception as e:  # a member without a meta kernel: assume fresh outputs, and say so
+            reason = f"{type(e).__name__}: {e}"
+        note = f"{region.sym.name}'s members could not run on meta ({reason}); its outputs taken as fresh"
         self.notes[note] = self.notes.get(note, 0) + 1
         return {o.name: _meta_empty(o) for o in outs}
 
@@ -148,6 +173,31 @@ class StorageTracker:
             storage_bytes=storage_bytes,
             kind=kind,
         )
+
+
+# Fusion regions whose outputs may be views (torch.compile's, through AOTAutograd); nvFuser's are fresh.
+VIEW_KEEPING_REGIONS = ("TorchCompile",)
+
+
+def region_program(bsyms: list[BoundSymbol], inputs: list, outputs: list, name: str) -> TraceCtx:
+    """An executable trace running a fusion region's member ops through Thunder's torch executor,
+    each member's output freed after its last use (as Thunder frees a trace's tensors)."""
+    from thunder.executors.torchex import ex as torch_ex
+
+    region = TraceCtx(None)
+    region.args, region.kwargs, region.names = inputs, {}, {a.name for a in inputs}
+    with tracectx(region):
+        for a in inputs:
+            prims.unpack_trivial(a, name=a.name)
+    region.bound_symbols += list(bsyms)
+    region.bound_symbols.append(prims.python_return.bind(outputs, output=None))
+    for bsym in region.bound_symbols:
+        for o in (*bsym.flat_outs, *(o for s in bsym.subsymbols for o in s.flat_outs)):
+            if o is not None and hasattr(o, "name") and o.name not in region.names:
+                region.add_name(o.name)
+    region._siginfo = SigInfo(name)
+    region._siginfo.args = [(a.name, None) for a in inputs]
+    return del_last_used(transform_for_execution(region, executors_list=(torch_ex,)))
 
 
 def member_workspace_bytes(member_trace) -> int:

@@ -138,23 +138,29 @@ def _torch_compile_executors(order: str) -> list:
     return [remat_opt.sdpa_cpu_ex, torch_compile_ex, *thunder.get_default_executors()]
 
 
-@pytest.mark.parametrize("order", ["torch-compile-first", "sdpa-first"])
-def test_torch_compile_executor_family(order):
-    """Issue 12: with a fusion executor, the budget is half of *that configuration's own* save-all,
-    so the plan must recompute through Thunder's fusion pass and still hold, to the byte (the block:
-    a transformer layer with SDPA, whose executor order decides whether SDPA joins the regions;
-    `benchmarks/fusion_check.py --executors torch-compile` runs the litgpt families)."""
+@pytest.mark.parametrize(("order", "name", "fraction"),
+                         [("torch-compile-first", "block", 0.5), ("sdpa-first", "Llama-2-7b-hf", 1.0)])
+def test_torch_compile_executor_family(order, name, fraction):
+    """Issue 12: with a fusion executor, budgets are fractions of *that configuration's own* save-all.
+    At half of it the plan must recompute through Thunder's fusion pass and still hold, to the byte
+    (the executor order decides whether SDPA joins the regions; `benchmarks/fusion_check.py
+    --executors torch-compile|sdpa-then-torch-compile` runs every budget). At save-all, tiny Llama-2
+    with SDPA first: a TorchCompile region returns v as a view of the qkv projection it splits
+    (AOTAutograd keeps output views), so the saved v keeps the whole projection alive; predicting it
+    fresh was 16 kB short of what Thunder saves."""
     executors = _torch_compile_executors(order)
-    model, inputs = _model("block")
+    model, inputs = _model(name)
     save_all = remat_opt.analyze(model, *inputs, executors=executors).saved_activation_bytes
-    budget = save_all // 2
+    budget = int(save_all * fraction)
     transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
-    jitted, measured, grads = _run("block", transform, executors=executors)
+    jitted, measured, grads = _run(name, transform, executors=executors)
     step = last_planned_step(jitted)
     assert measured.activation_bytes == step.plan.saved_bytes <= budget
-    assert step.plan.recomputed_tag_targets and step.fusion.save_all.saved_bytes == save_all
+    assert step.fusion.save_all.saved_bytes == save_all
+    if fraction < 1:  # (at save-all the plan may still re-derive views: free)
+        assert step.plan.recomputed_tag_targets and step.plan.extra_time_s > 0
     assert any(op.symbol.startswith("TorchCompile") for op in step.fusion.realized_graph.ops)
-    for param, expected in _eager_grads("block").items():
+    for param, expected in _eager_grads(name).items():
         torch.testing.assert_close(grads[param], expected, msg=param)
     # the step peak is not asserted here: inductor's compiled regions allocate buffers of their own
     # that the graph does not see (the block: 8-15% above the prediction; tiny Llama-2: within 5%)

@@ -43,11 +43,13 @@ from thunder.core.proxies import NumberProxy, TensorProxy  # noqa: E402
 from thunder.core.pytree import tree_flatten  # noqa: E402
 from thunder.core.rematerialization import rematerialize, replace_uniform  # noqa: E402
 from thunder.core.symbol import BoundSymbol, Symbol  # noqa: E402
-from thunder.core.trace import TraceCtx, TraceProvenance, from_trace, tracectx  # noqa: E402
+from thunder.core.trace import TraceCtx, TraceProvenance, from_trace  # noqa: E402
 from thunder.core.transform_common import dce  # noqa: E402
-from thunder.executors.passes import del_last_used, transform_for_execution, update_fusion_call_ctx  # noqa: E402
+from thunder.executors.passes import update_fusion_call_ctx  # noqa: E402
 from thunder.executors.utils import Region  # noqa: E402
 from thunder.extend import FusionExecutor  # noqa: E402
+
+from remat_opt.storage import region_program  # noqa: E402
 
 NVFUSER_SOURCE = "executors/nvfuserex_impl.py"
 _SUPPORTED_DTYPES = (dtypes.bool8, dtypes.uint8, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64,
@@ -125,24 +127,7 @@ def _checker(*args, **kwargs) -> bool:
 def _region_callable(bsyms: list[BoundSymbol], inputs: list, outputs: list):
     """Runs the region's ops through Thunder's torch executor (what `torch_compile.make_compiled`
     builds, without torch.compile)."""
-    from thunder.core.codeutils import SigInfo
-    from thunder.executors.torchex import ex as torch_ex
-
-    region = TraceCtx(None)
-    region.args, region.kwargs, region.names = inputs, {}, {a.name for a in inputs}
-    with tracectx(region):
-        for a in inputs:
-            prims.unpack_trivial(a, name=a.name)
-    region.bound_symbols += list(bsyms)
-    region.bound_symbols.append(prims.python_return.bind(outputs, output=None))
-    for bsym in region.bound_symbols:
-        for o in (*bsym.flat_outs, *(o for s in bsym.subsymbols for o in s.flat_outs)):
-            if o is not None and hasattr(o, "name") and o.name not in region.names:
-                region.add_name(o.name)
-    region._siginfo = SigInfo("nvfuser_standin_region")
-    region._siginfo.args = [(a.name, None) for a in inputs]
-    # each member's output is freed after its last use, as Thunder frees a trace's tensors
-    executable = del_last_used(transform_for_execution(region, executors_list=(torch_ex,)))
+    executable = region_program(bsyms, inputs, outputs, "nvfuser_standin_region")
     run = executable.python_callable(include_decorators=False)
 
     def run_region(*args):
