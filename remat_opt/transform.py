@@ -32,6 +32,7 @@ from remat_opt.distributed import check_transform_order, for_ranks  # noqa: E402
 from remat_opt.errors import InfeasibleBudgetError  # noqa: E402
 from remat_opt import fusion_search as fs  # noqa: E402
 from remat_opt.plan import RECOMPUTE, SAVE, simulate_peak_bytes  # noqa: E402
+from remat_opt.regather_order import place_regathers_before_use  # noqa: E402
 from remat_opt.planning import FusionOutcome, PlanRequest, PlannedStep, plan_step  # noqa: E402
 
 # The plan behind each computation trace CostRemat returned. Thunder keeps that trace in its cache
@@ -185,6 +186,11 @@ class CostRemat(Transform):
             self._subgraph_saved_bytes[subgraph] = step.plan.saved_bytes + _carried_activation_bytes(subgraph, step.graph)
         apply_recompute_tags(computation_trace, step.plan.recomputed_tag_targets)
         return prologue_trace, _recorded(computation_trace, step), epilogue_trace
+
+    def transform_trace_post_optimization(self, computation_trace, **kwargs):
+        """The backward with each FSDP re-gather just before its first use, as the plan's peak assumes
+        (Thunder issues them all at the backward's start); other traces unchanged."""
+        return place_regathers_before_use(computation_trace)
 
     def _plan(self, graph, planner, subgraph, request: PlanRequest) -> PlannedStep:
         """Plans one compilation. Under ThunderFX the model's budget is shared by Dynamo's subgraphs:
