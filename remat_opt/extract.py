@@ -461,7 +461,7 @@ class GraphCapture(Transform):
         return prologue_trace, computation_trace, epilogue_trace
 
 
-def analyze(fn, *example_inputs, executors=None, **example_kwargs) -> g.JointGraph:
+def analyze(fn, *example_inputs, executors=None, transforms=(), **example_kwargs) -> g.JointGraph:
     """The joint forward-backward graph of `fn` as Thunder would compile it, without running it.
 
     Works with inputs and parameters on ``torch.device("meta")``.
@@ -471,13 +471,14 @@ def analyze(fn, *example_inputs, executors=None, **example_kwargs) -> g.JointGra
         *example_inputs: inputs as the step will see them (at least one input or parameter must
             require grad).
         executors: Thunder executors, in priority order (Thunder's defaults when None).
+        transforms: Thunder transforms to run first (FSDPTransform, DDPTransform: the graph is one rank's).
         **example_kwargs: keyword inputs.
 
     Returns:
         The `JointGraph`.
     """
     capture = GraphCapture(stop=True)
-    jitted = thunder.jit(fn, transforms=[capture], executors=executors)
+    jitted = thunder.jit(fn, transforms=[*transforms, capture], executors=executors)
     try:
         jitted(*example_inputs, **example_kwargs)
     except _CaptureDone:

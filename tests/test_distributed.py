@@ -26,9 +26,13 @@ FULL_CASES = [
     ("fsdp-50%", "fsdp", 0.5),
     ("fsdp-below_keep", "fsdp", "below_keep"),
     ("fsdp-minimum", "fsdp", "minimum"),
+    ("fsdp-peak_25%", "fsdp", ("peak", 0.25)),
+    ("fsdp-peak_60%", "fsdp", ("peak", 0.6)),
     ("ddp-save_all", "ddp", "save_all"),
     ("ddp-50%", "ddp", 0.5),
     ("ddp-minimum", "ddp", "minimum"),
+    ("ddp-peak_25%", "ddp", ("peak", 0.25)),
+    ("ddp-peak_60%", "ddp", ("peak", 0.6)),
 ]
 LABELS = [label for label, _, budget in CASES if budget != "order"]
 
@@ -88,11 +92,14 @@ def test_a_budget_keeping_weights_cannot_meet_is_met_by_re_gathering(ranks):
         assert "re-gathers" in case["explain"] and "all-gather" in case["explain"]
 
 
-def test_ddp_step_peak_within_5_percent_of_prediction(ranks):
-    for result in ranks:
-        for label in ("ddp-save_all", "ddp-minimum"):
-            case = result[label]
-            assert abs(case["measured_peak_bytes"] - case["predicted_peak_bytes"]) <= 0.05 * case["measured_peak_bytes"]
+@pytest.mark.parametrize("label", LABELS)
+def test_step_peak_within_5_percent_of_prediction(ranks, label):
+    # FSDP: futures hold their reduce-scatter inputs until the wait, gloo stages each collective
+    # through a buffer of the full tensor, and CostRemat issues each re-gather just before its use
+    for rank, result in enumerate(ranks):
+        case = result[label]
+        assert abs(case["measured_peak_bytes"] - case["predicted_peak_bytes"]) <= 0.05 * case["measured_peak_bytes"], (
+            rank, case["measured_peak_bytes"], case["predicted_peak_bytes"])
 
 
 def test_cost_remat_before_the_data_parallel_transform_is_a_one_line_error(ranks):
