@@ -46,6 +46,7 @@ from costmodels.formulas import (  # noqa: E402
     WORLD_SIZE_ATTR,
 )
 from remat_opt import graph as g  # noqa: E402
+from remat_opt.regather_order import place_regathers_before_use  # noqa: E402
 from remat_opt.op_semantics import FallbackWork, draws_random_itself, fallback_work, is_random  # noqa: E402
 from remat_opt.storage import StorageTracker, member_workspace_bytes, proxy_bytes  # noqa: E402
 
@@ -161,7 +162,8 @@ def dry_run(computation_trace: TraceCtx, executors_list) -> tuple[TraceCtx, Trac
         trace = grad_transform_on_trace(trace)
         trace = _sort_waits_as_thunder_does(trace, executors_list)
         trace = transform_for_execution(trace, executors_list=executors_list, use_del_last_used=False)[-1]
-        return split_into_forward_and_backward(trace)
+        forward, backward = split_into_forward_and_backward(trace)
+        return forward, backward if backward is None else place_regathers_before_use(backward)  # as CostRemat does
     finally:
         for key, p in proxies.items():
             p.tags.clear()
