@@ -1,17 +1,23 @@
 """CostRemat under Thunder's FSDP and DDP on 2 gloo ranks (CPU): the full matrix of budgets.
 
-Runs `tests/distributed_runs.py`'s cases (save-all, 50%, 1 B below what keeping every unsharded
-weight can reach, the minimum, for FSDP; save-all, 50%, minimum for DDP) on tiny Llama-2 and prints,
-per rank and case, predicted and measured saved bytes, the re-gathered weights, predicted and
-measured step peak and the gradient error against single-process eager.
+Runs `tests/distributed_runs.py`'s cases on tiny 1-layer Llama-2 and Pythia (seq 256, where the
+step peak depends on the plan): for FSDP, save-all, 50% of save-all, 1 B below what keeping every
+unsharded weight can reach, the minimum, and step-peak budgets 25% and 60% of the way from the least
+peak to save-all's; for DDP the same without the keep case. Prints, per rank and case, the budget,
+predicted and measured saved bytes, the re-gathered weights, predicted and measured step peak and
+the largest gradient difference from single-process eager (each rank's shard of it under FSDP),
+absolute and relative to the parameter's largest eager gradient.
 
-    .venv/bin/python benchmarks/distributed_check.py
+    .venv/bin/python benchmarks/distributed_check.py [--models Llama-2-7b-hf pythia-14m] [--seq 256]
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -20,22 +26,34 @@ from distributed_runs import spawn  # noqa: E402
 from test_distributed import FULL_CASES  # noqa: E402
 
 
+def _row(rank: int, label: str, c: dict) -> str:
+    kind = "peak" if c.get("peak_budget") else "saved"
+    peak_error = c["measured_peak_bytes"] / c["predicted_peak_bytes"] - 1
+    held = c["measured_peak_bytes" if kind == "peak" else "measured_saved_bytes"] <= c["budget_bytes"]
+    return (f"| {rank} | {label} | {kind} {c['budget_bytes']:,} | {c['predicted_saved_bytes']:,} | "
+            f"{c['measured_saved_bytes']:,} | {len(c['regathered'])} | {c['predicted_peak_bytes']:,} | "
+            f"{c['measured_peak_bytes']:,} ({peak_error:+.2%}) | {'yes' if held else 'NO'} | {c['grad_error']:.1e} ({c['grad_relative_error']:.1e}) |")
+
+
 def main() -> None:
-    with tempfile.TemporaryDirectory() as out:
-        ranks = spawn(FULL_CASES, out, timeout_s=900.0)
-    for rank, result in enumerate(ranks):
-        if "error" in result:
-            print(f"rank {rank} failed:\n{result['error']}")
-            continue
-        for label, _, _ in FULL_CASES:
-            c = result[label]
-            print(f"rank {rank} {label:>16}: budget {c['budget_bytes']:>9,} B | saved predicted {c['predicted_saved_bytes']:>9,}"
-                  f" measured {c['measured_saved_bytes']:>9,} B | re-gathers {len(c['regathered'])} | peak predicted "
-                  f"{c['predicted_peak_bytes']:>9,} measured {_bytes(c['measured_peak_bytes'])} | grad err {c['grad_error']:.1e}")
-
-
-def _bytes(n) -> str:
-    return "not measured (FSDP)" if n is None else f"{n:>9,} B"
+    os.environ["REMAT_OPT_MEASURE_FSDP_PEAK"] = "1"  # the spawned ranks measure FSDP's step peak too
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["Llama-2-7b-hf", "pythia-14m"])
+    parser.add_argument("--seq", type=int, default=256)
+    args = parser.parse_args()
+    for model in args.models:
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory() as out:
+            ranks = spawn(FULL_CASES, out, timeout_s=1800.0, model_spec=(model, args.seq))
+        print(f"\n{model} (tiny, 1 layer, seq {args.seq}, fp32, fused SDPA; {time.perf_counter() - start:.0f} s)\n")
+        print("| rank | case | budget B | saved predicted | measured | re-gathers | peak predicted | measured | "
+              "budget held | grad error (relative) |\n|---|---|---|---|---|---|---|---|---|---|")
+        for rank, result in enumerate(ranks):
+            if "error" in result:
+                print(f"rank {rank} failed:\n{result['error']}")
+                continue
+            for label, _, _ in FULL_CASES:
+                print(_row(rank, label, result[label]), flush=True)
 
 
 if __name__ == "__main__":

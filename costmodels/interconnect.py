@@ -79,6 +79,19 @@ def ring_bytes_per_rank(kind: str, full_bytes: int, world_size: int) -> int:
     return steps[kind] * full_bytes * (world_size - 1) // world_size
 
 
+# Backends that run a collective through a flat staging buffer of the full tensor, allocated and freed
+# by the backend while the collective runs: torch's ProcessGroupGloo gathers into `newLikeFlat(outputs)`
+# and reduce-scatters through `flattenDenseTensors(inputs)`, then copies out (measured on 2 gloo ranks:
+# one extra allocation of the full size per call). NCCL reads and writes the tensors in place.
+STAGING_KINDS = {"gloo": ("all_gather", "reduce_scatter")}
+
+
+def staging_bytes(backend: str | None, kind: str, full_bytes: int) -> int:
+    """Bytes the process group's `backend` allocates for itself while a `kind` collective over a tensor
+    of `full_bytes` (unsharded size) runs (0: none)."""
+    return full_bytes if kind in STAGING_KINDS.get(backend or "", ()) else 0
+
+
 def collective_time_s(network_bytes: int, calls: int, link: Interconnect) -> float:
     """Time of `calls` collective calls that move `network_bytes` per rank over `link`."""
     return network_bytes / link.bandwidth_bytes_per_s + calls * link.latency_s

@@ -120,6 +120,23 @@ def add_model_arguments(
     )
 
 
+def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--world-size``/``--strategy``: plan one rank of Thunder's FSDP or DDP, without processes."""
+    parser.add_argument("--world-size", type=_positive_int, default=None,
+                        help="plan one rank of this many under --strategy (traced with a fake process group)")
+    parser.add_argument("--strategy", default=None, type=_strategy,
+                        help="fsdp (Thunder's FSDPTransform: sharded weights, re-gathers priced by the spec's "
+                             "interconnect) or ddp (DDPTransform)")
+
+
+def _strategy(text: str) -> str:
+    from remat_opt.data_parallel import STRATEGIES
+
+    if text not in STRATEGIES:
+        raise argparse.ArgumentTypeError(f"unknown strategy {text!r}; use one of: {', '.join(STRATEGIES)}")
+    return text
+
+
 def model_spec(args: argparse.Namespace) -> ModelSpec:
     return ModelSpec(
         name=args.model,
@@ -155,14 +172,28 @@ def analyze_from_args(args: argparse.Namespace):
     executors = args.executors or default_executors(spec.device)
     start_s = time.perf_counter()
     if ":" in spec.name:
+        if _parallel(args) is not None:
+            raise ValueError("--world-size/--strategy need a litgpt config name, not a module:factory")
         model, inputs = build_model(spec, given_options(args))
         check_same_device(model, inputs)
         graph = analyze(model, *inputs, executors=executors_for(executors))
         return spec, graph, time.perf_counter() - start_s
     config, seq = litgpt_config(spec)
     spec = replace(spec, seq=spec.seq or seq, n_layer=config.n_layer)
-    graph = analyze_spec(spec, traced_layers=traced_layers, executors=executors)
+    graph = analyze_spec(spec, traced_layers=traced_layers, executors=executors, parallel=_parallel(args))
     return spec, graph, time.perf_counter() - start_s
+
+
+def _parallel(args: argparse.Namespace):
+    """The `DataParallel` of ``--world-size``/``--strategy`` (None without them)."""
+    world_size, strategy = getattr(args, "world_size", None), getattr(args, "strategy", None)
+    if world_size is None and strategy is None:
+        return None
+    if world_size is None or strategy is None:
+        raise ValueError("--world-size and --strategy go together: e.g. --world-size 8 --strategy fsdp")
+    from remat_opt.data_parallel import DataParallel
+
+    return DataParallel(strategy, world_size)
 
 
 def _traced_layers(args: argparse.Namespace, spec: ModelSpec) -> int:
@@ -274,7 +305,18 @@ def _title(spec, request, graph, given: frozenset[str]) -> str:
     from remat_opt.models import describe_model
     from remat_opt.report import format_model
 
-    return f"{format_model(describe_model(spec, given))}, costed for {resolve_device(request.device_spec, request.table, graph).name}"
+    device = resolve_device(request.device_spec, request.table, graph)
+    parallel = _parallel_of_graph(graph)
+    return f"{format_model(describe_model(spec, given))}{parallel}, costed for {device.name}"
+
+
+def _parallel_of_graph(graph) -> str:
+    """``", per rank of N"`` for a graph with collectives (their process group's size), else ``""``."""
+    from costmodels.formulas import WORLD_SIZE_ATTR
+
+    sizes = {dict(op.attrs).get(WORLD_SIZE_ATTR) for op in graph.ops if "collective" in op.op_tags}
+    sizes.discard(None)
+    return f", per rank of {max(sizes)}" if sizes else ""
 
 
 def cmd_pareto(args: argparse.Namespace) -> int:
@@ -422,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pareto = sub.add_parser("pareto", help="sweep budgets: peak/saved GB vs predicted extra time -> CSV, PNG, SVG")
     add_model_arguments(pareto)
+    add_parallel_arguments(pareto)
     add_cost_arguments(pareto)
     pareto.add_argument("--points", type=_int_at_least(2), default=8, help="how many budgets, from least memory to save-all")
     pareto.add_argument("--budget", choices=("saved", "peak"), default="saved",
@@ -435,6 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = sub.add_parser("plan", help="plan under a budget and print the explain table")
     add_model_arguments(plan)
+    add_parallel_arguments(plan)
     add_cost_arguments(plan)
     budgets = plan.add_mutually_exclusive_group()
     budgets.add_argument("--budget-gb", type=_finite_float(positive=False), default=None,

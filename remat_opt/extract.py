@@ -39,6 +39,7 @@ from thunder.core.symbol import BoundSymbol  # noqa: E402
 from thunder.core.trace import TraceCtx, from_trace  # noqa: E402
 from thunder.core.transform_common import Transform, dce  # noqa: E402
 
+from costmodels.interconnect import staging_bytes  # noqa: E402
 from costmodels.formulas import (  # noqa: E402
     ANNOTATION_PREFIX,
     COLLECTIVE_KINDS,
@@ -47,8 +48,9 @@ from costmodels.formulas import (  # noqa: E402
     WORLD_SIZE_ATTR,
 )
 from remat_opt import graph as g  # noqa: E402
+from remat_opt.regather_order import place_regathers_before_use  # noqa: E402
 from remat_opt.op_semantics import FallbackWork, draws_random_itself, fallback_work, is_random  # noqa: E402
-from remat_opt.storage import StorageTracker, member_workspace_bytes  # noqa: E402
+from remat_opt.storage import StorageTracker, member_workspace_bytes, proxy_bytes  # noqa: E402
 
 TORCH_FUNCTION_ATTR = ANNOTATION_PREFIX + "torch_function"  # the torch function behind a fallback op
 
@@ -91,6 +93,9 @@ class _CaptureDone(Exception):
 # A collective's future (`FutureTensorProxy`, not a TensorProxy) is a tensor of the graph: it holds
 # the collective's output buffer from the call to its `wait`, which returns that buffer.
 GRAPH_TENSORS = (TensorProxy, FutureTensorProxy)
+# Collectives whose Thunder implementation (`thunder/executors/torchex.py`) hands its input tensor to
+# the backend, which reads it until the wait; an all-reduce hands over a clone (its output) instead.
+HANDS_INPUT_TO_BACKEND = ("all_gather", "reduce_scatter")
 
 
 def _tensor_outs(bsym: BoundSymbol) -> list[TensorProxy]:
@@ -159,7 +164,8 @@ def dry_run(computation_trace: TraceCtx, executors_list) -> tuple[TraceCtx, Trac
         trace = grad_transform_on_trace(trace)
         trace = _sort_waits_as_thunder_does(trace, executors_list)
         trace = transform_for_execution(trace, executors_list=executors_list, use_del_last_used=False)[-1]
-        return split_into_forward_and_backward(trace)
+        forward, backward = split_into_forward_and_backward(trace)
+        return forward, backward if backward is None else place_regathers_before_use(backward)  # as CostRemat does
     finally:
         for key, p in proxies.items():
             p.tags.clear()
@@ -230,6 +236,9 @@ def _op_tags(bsym: BoundSymbol, work: FallbackWork | None) -> frozenset[str]:
         tags.add("fusion")
     if bsym.sym.name in COLLECTIVE_KINDS or bsym.sym.name in WAIT_SYMBOLS:
         tags.add("collective")
+        if COLLECTIVE_KINDS.get(bsym.sym.name) in HANDS_INPUT_TO_BACKEND and any(
+                isinstance(o, FutureTensorProxy) for o in bsym.flat_proxy_outs):
+            tags.add("holds_inputs")  # the backend reads its input until the future's wait
         # FSDP's all-gather of a weight (and its wait), from a pre-autodiff `synchronize`: re-gathering
         # it in the backward is the one recomputation of a collective that is allowed
         if COLLECTIVE_KINDS.get(bsym.sym.name, "all_gather") == "all_gather" and any(
@@ -238,12 +247,27 @@ def _op_tags(bsym: BoundSymbol, work: FallbackWork | None) -> frozenset[str]:
     return frozenset(tags)
 
 
-def _world_size(bsym: BoundSymbol) -> int | None:
-    """Ranks in the process group a collective op runs over (None: not a collective)."""
+def _process_group(bsym: BoundSymbol):
+    """The process group a collective op runs over (None: not a collective)."""
     from torch.distributed import ProcessGroup
 
-    group = next((a for a in (*bsym.args, *bsym.kwargs.values()) if isinstance(a, ProcessGroup)), None)
+    return next((a for a in (*bsym.args, *bsym.kwargs.values()) if isinstance(a, ProcessGroup)), None)
+
+
+def _world_size(bsym: BoundSymbol) -> int | None:
+    """Ranks in the process group a collective op runs over (None: not a collective)."""
+    group = _process_group(bsym)
     return group.size() if group is not None else None
+
+
+def _staging_bytes(bsym: BoundSymbol) -> int:
+    """What the process group's backend allocates for itself while a collective runs (gloo's flat
+    copy of the full tensor: an all-gather's output, a reduce-scatter's input); 0 for other ops."""
+    group, kind = _process_group(bsym), COLLECTIVE_KINDS.get(bsym.sym.name)
+    if group is None or kind is None:
+        return 0
+    full = bsym.flat_proxy_outs[0] if kind == "all_gather" else bsym.flat_proxy_args[0]
+    return staging_bytes(torch.distributed.get_backend(group), kind, proxy_bytes(full))
 
 
 def _tag_units(bsym: BoundSymbol) -> tuple[str, ...]:
@@ -270,7 +294,7 @@ def _op_node(bsym: BoundSymbol, name: str, is_backward: bool, index: int, member
         members=tuple(members),
         op_tags=_op_tags(bsym, work),
         tag_units=() if is_backward else _tag_units(bsym),
-        workspace_bytes=work.workspace_bytes if work is not None else _region_workspace_bytes(bsym),
+        workspace_bytes=work.workspace_bytes if work is not None else _region_workspace_bytes(bsym) + _staging_bytes(bsym),
     )
 
 
@@ -491,7 +515,7 @@ class GraphCapture(Transform):
         return prologue_trace, computation_trace, epilogue_trace
 
 
-def analyze(fn, *example_inputs, executors=None, **example_kwargs) -> g.JointGraph:
+def analyze(fn, *example_inputs, executors=None, transforms=(), **example_kwargs) -> g.JointGraph:
     """The joint forward-backward graph of `fn` as Thunder would compile it, without running it.
 
     Works with inputs and parameters on ``torch.device("meta")``.
@@ -501,13 +525,14 @@ def analyze(fn, *example_inputs, executors=None, **example_kwargs) -> g.JointGra
         *example_inputs: inputs as the step will see them (at least one input or parameter must
             require grad).
         executors: Thunder executors, in priority order (Thunder's defaults when None).
+        transforms: Thunder transforms to run first (FSDPTransform, DDPTransform: the graph is one rank's).
         **example_kwargs: keyword inputs.
 
     Returns:
         The `JointGraph`.
     """
     capture = GraphCapture(stop=True)
-    jitted = thunder.jit(fn, transforms=[capture], executors=executors)
+    jitted = thunder.jit(fn, transforms=[*transforms, capture], executors=executors)
     try:
         jitted(*example_inputs, **example_kwargs)
     except _CaptureDone:

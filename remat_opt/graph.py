@@ -73,7 +73,9 @@ class OpNode:
         attrs: non-tensor arguments as ``(key, value)`` pairs (``"arg3"`` or a keyword name).
         members: for fusion regions, the fused ops in order (their tensors are ``internal``).
         op_tags: op properties that matter to planning: ``"random"``, ``"dont_recompute"``,
-            ``"matmul"``, ``"fusion"``.
+            ``"matmul"``, ``"fusion"``, ``"collective"`` (``"regather"``: an FSDP weight's all-gather
+            or its wait), ``"holds_inputs"`` (an async collective: its outputs, futures, keep its
+            inputs' memory alive until they die at the wait).
         tag_units: (forward ops) the tag targets whose ``RECOMPUTE_IN_BACKWARD`` tag makes Thunder
             re-run this op, shallowest pre-autodiff ancestor first. Tagging target X recomputes
             every forward op with X in its `tag_units` (the needed ones): that set is X's unit.

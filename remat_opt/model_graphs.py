@@ -13,17 +13,19 @@ from remat_opt.graph_cache import cache_key, load_graph, store_graph
 DEFAULT_TRACED_LAYERS = 4
 
 
-def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors: str | None = None) -> JointGraph:
+def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors: str | None = None,
+                 parallel=None) -> JointGraph:
     """The joint graph of `spec` (a `remat_opt.models.ModelSpec` of a litgpt config) at full depth.
 
     Traces `min(depth, traced_layers)` layers and extends the graph to the spec's depth (its
     `n_layer`, else the config's); `traced_layers=0` traces every layer. With
     ``REMAT_OPT_GRAPH_CACHE`` set, the traced graph is kept there (`remat_opt.graph_cache`).
     `executors` is a `--executors` choice; None: `remat_opt.executors.default_executors` for the
-    spec's device (the nvFuser stand-in on meta).
+    spec's device (the nvFuser stand-in on meta). With `parallel` (a
+    `remat_opt.data_parallel.DataParallel`), the graph is one rank's under Thunder's FSDP or DDP over
+    that many ranks (traced with a fake process group).
     """
     from remat_opt.executors import default_executors, executors_for
-    from remat_opt.extract import analyze
     from remat_opt.models import build_model, litgpt_config
 
     if traced_layers < 0 or traced_layers in (1, 2):
@@ -31,21 +33,43 @@ def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors:
     executors = executors or default_executors(spec.device)
     depth = litgpt_config(spec)[0].n_layer
     traced = depth if traced_layers == 0 else min(depth, traced_layers)
+    if parallel is not None and traced < depth:
+        raise ValueError(
+            f"{parallel.strategy.upper()} graphs cannot be extended from {traced} traced layers to {depth} yet "
+            "(Thunder issues every all-gather at the forward's start and every gradient reduction at the "
+            "backward's end, outside the repeated layers): use --traced-layers 0 (trace every layer) or a smaller --n-layer")
     start_s = time.perf_counter()
     traced_spec = replace(spec, n_layer=traced)
-    key = cache_key(traced_spec, executors)
+    key = cache_key(traced_spec, executors, *((parallel,) if parallel else ()))
     cached = load_graph(key)
     if cached is not None:
         graph = cached[1]
     else:
         model, inputs = build_model(traced_spec)
-        graph = analyze(model, *inputs, executors=executors_for(executors))
+        graph = _analyze(model, inputs, executors_for(executors), parallel, spec.device)
         store_graph(key, traced_spec, graph)
     if traced == depth:
         return graph
     graph = extend_layers(graph, depth - traced, traced_layers=traced)
     note = f"{spec.name}: traced {traced} of {depth} layers in {time.perf_counter() - start_s:.1f} s"
     return replace(graph, notes=(*graph.notes, note))
+
+
+def _analyze(model, inputs, executors, parallel, device: str) -> JointGraph:
+    """The traced graph, one rank's under `parallel` (FSDP: the world size must divide the shards)."""
+    from remat_opt.extract import analyze
+
+    if parallel is None:
+        return analyze(model, *inputs, executors=executors)
+    import torch
+
+    from remat_opt.data_parallel import check_shardable, fake_process_group, parallel_transform
+
+    if parallel.strategy == "fsdp":
+        check_shardable(model, parallel.world_size)
+    with fake_process_group(parallel.world_size):
+        transform = parallel_transform(parallel.strategy, torch.device(device))
+        return analyze(model, *inputs, executors=executors, transforms=[transform])
 
 
 def analyze_model(

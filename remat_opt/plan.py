@@ -17,9 +17,11 @@ tag targets alone, with Thunder's semantics:
 The step simulated by `simulate_step`: the forward ops in order (outputs allocated, then tensors
 freed after their last forward use unless saved; forward outputs live to the end of the forward
 and are released with the loss), then the backward with cotangents allocated at its start and the
-recomputed ops inserted right before the first backward op that needs them. A storage is freed
-when the last tensor aliasing it dies. Backward outputs that nothing reads (the gradients) live
-to the end. Inputs and parameters are the constant baseline.
+recomputed ops inserted right before the first backward op that needs them (for an FSDP re-gather,
+where `remat_opt.regather_order` puts it). A storage is freed when the last tensor aliasing it dies;
+an async all-gather's or reduce-scatter's future also holds its input's storage until it dies at its
+wait, and the backend's staging buffer (gloo's) is the collective's workspace. Backward outputs that
+nothing reads (the gradients) live to the end. Inputs and parameters are the constant baseline.
 """
 
 from __future__ import annotations
@@ -228,6 +230,7 @@ class _Live:
 
     def __init__(self, baseline_bytes: int, granularity_bytes: int = 1):
         self.granularity_bytes = granularity_bytes
+        self.held: dict[str, list[str]] = {}  # holder tensor -> the references it holds (see `hold`)
         self.key_of: dict[str, str] = {}
         self.refs: dict[str, int] = {}
         self.bytes_of: dict[str, int] = {}
@@ -248,7 +251,19 @@ class _Live:
             self.by_kind[kind] += nbytes
         self.refs[key] = self.refs.get(key, 0) + 1
 
+    def hold(self, holder: str, tensors) -> None:
+        """`holder` keeps the live storages of `tensors` alive until it is removed itself (an async
+        collective's future holds its inputs until the wait)."""
+        for tensor in tensors:
+            key = self.key_of.get(tensor)
+            if key is not None:
+                reference = f"{holder}^{tensor}"
+                self.add(reference, key, self.bytes_of[key], self.kind_of[key])
+                self.held.setdefault(holder, []).append(reference)
+
     def remove(self, tensor: str) -> None:
+        for reference in self.held.pop(tensor, ()):
+            self.remove(reference)
         key = self.key_of.pop(tensor, None)
         if key is None:
             return
@@ -262,6 +277,13 @@ class _Live:
         """``(label, live bytes, live bytes by kind)`` now, with an op's workspace."""
         kinds = tuple(self.by_kind[k] + (workspace_bytes if k == "workspace" else 0) for k in MEMORY_KINDS)
         return label, self.total + workspace_bytes, kinds
+
+
+def _hold_inputs(op: OpNode, live: _Live) -> None:
+    """An async collective's outputs (futures) keep its inputs alive until the wait."""
+    if "holds_inputs" in op.op_tags:
+        for out in op.outputs:
+            live.hold(out, op.inputs)
 
 
 def _forward_last_use(graph: JointGraph) -> dict[str, int]:
@@ -283,6 +305,7 @@ def _simulate_forward(graph: JointGraph, saved: set[str], live: _Live, events: l
             if tensors[storage].kind != "input":
                 kind = "saved for backward" if storage in saved_storages else "forward transient"
                 live.add(out, storage, tensors[storage].storage_bytes, kind)
+        _hold_inputs(op, live)
         events.append(live.event(op.name, op.workspace_bytes))
         for name in dict.fromkeys((*op.inputs, *op.outputs)):
             if last[name] == i and name not in keep:
@@ -345,6 +368,7 @@ def _simulate_backward(graph: JointGraph, derivation: Derivation, live: _Live, e
                 continue
             keys[out] = _backward_key(graph, out, op, recompute, keys)
             live.add(out, keys[out], tensors[tensors[out].storage].storage_bytes, "recomputed" if recompute else "backward")
+        _hold_inputs(op, live)
         events.append(live.event(f"recompute:{op.name}" if recompute else op.name, op.workspace_bytes))
         for name in dict.fromkeys((*op.inputs, *op.outputs)):
             if last.get(name, k) == k and (name in last or recompute):

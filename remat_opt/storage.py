@@ -48,6 +48,11 @@ def _numel(shape) -> int:
     return n
 
 
+def proxy_bytes(proxy) -> int:
+    """Bytes of a tensor (or a collective's future) proxy's elements."""
+    return _numel(proxy.shape) * _element_bytes(proxy)
+
+
 def _meta_empty(proxy: TensorProxy) -> torch.Tensor:
     return torch.empty(tuple(int(s) for s in proxy.shape), dtype=_torch_dtype(proxy), device="meta")
 

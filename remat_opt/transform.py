@@ -31,10 +31,11 @@ from thunder.core.trace import TraceCtx, TraceProvenance, from_trace  # noqa: E4
 from thunder.core.transform_common import Transform  # noqa: E402
 
 from remat_opt.cost_cache import with_auto_costs  # noqa: E402
-from remat_opt.distributed import check_transform_order, for_ranks  # noqa: E402
+from remat_opt.distributed import check_transform_order, for_ranks, regather_units  # noqa: E402
 from remat_opt.errors import InfeasibleBudgetError  # noqa: E402
 from remat_opt import fusion_search as fs  # noqa: E402
 from remat_opt.plan import RECOMPUTE, SAVE, simulate_peak_bytes  # noqa: E402
+from remat_opt.regather_order import place_regathers_before_use  # noqa: E402
 from remat_opt.planning import FusionOutcome, PlanRequest, PlannedStep, plan_step  # noqa: E402
 
 # The plan behind each computation trace CostRemat returned. Thunder keeps that trace in its cache
@@ -178,6 +179,7 @@ class CostRemat(Transform):
             if region_graph is not None:  # regions the table timed whole price the unfused ops (costing)
                 request = replace(request, region_graph=region_graph)
             step = for_ranks(self._plan(graph, planner, _thunderfx_subgraph(), request))
+            step = _peak_in_thunders_order(step, computation_trace, executors_list, names)
             if costs_note:
                 step = replace(step, remarks=(*step.remarks, costs_note))
             self._cache[key] = step
@@ -190,6 +192,11 @@ class CostRemat(Transform):
             self._subgraph_saved_bytes[subgraph] = step.plan.saved_bytes + _carried_activation_bytes(subgraph, step.graph)
         apply_recompute_tags(computation_trace, step.plan.recomputed_tag_targets)
         return prologue_trace, _recorded(computation_trace, step), epilogue_trace
+
+    def transform_trace_post_optimization(self, computation_trace, **kwargs):
+        """The backward with each FSDP re-gather just before its first use, as the plan's peak assumes
+        (Thunder issues them all at the backward's start); other traces unchanged."""
+        return place_regathers_before_use(computation_trace)
 
     def _plan(self, graph, planner, subgraph, request: PlanRequest) -> PlannedStep:
         """Plans one compilation. Under ThunderFX the model's budget is shared by Dynamo's subgraphs:
@@ -324,6 +331,31 @@ class _ThroughFusion:
 
 
 _UNKNOWN_PEAK_BYTES = 2**62
+
+
+def _peak_in_thunders_order(step: PlannedStep, computation_trace, executors_list, names) -> PlannedStep:
+    """A plan that re-gathers FSDP weights, with the step peak of the order Thunder runs it in.
+
+    With re-gather tags, Thunder's wait sorting also issues some gradients' reduce-scatters in the
+    middle of the backward (their buffers held to the waits at its end), which the graph traced
+    without tags does not show; a dry run with the plan's tags does (re-gathers placed as CostRemat
+    places them). Other plans are returned as they are.
+    """
+    if step.fusion is not None or not regather_units(step):
+        return step
+    graph = _tagged_dry_run(computation_trace, executors_list, names, step.plan.recomputed_tag_targets)
+    try:
+        peak_bytes = simulate_peak_bytes(graph)
+    except ValueError:  # a name the backward defines again: keep the solver's figure
+        return step
+    if peak_bytes == step.plan.peak_bytes:
+        return step
+    remark = (f"step peak {peak_bytes:,} B in the order Thunder runs this plan (a dry run with its tags: its wait "
+              f"sorting moves some reduce-scatters into the backward); the solver's graph said {step.plan.peak_bytes:,} B")
+    budget = step.request.peak_budget_bytes
+    if budget is not None and peak_bytes > budget:
+        remark += f"; that is above budget_gb={budget / 1e9:g}: lower the budget to make room"
+    return replace(step, plan=replace(step.plan, peak_bytes=peak_bytes), remarks=(*step.remarks, remark))
 
 
 def _untagged(plan):

@@ -24,14 +24,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _model():
+def _model(model: str = MODEL, seq: int | None = None):
     from remat_opt.models import ModelSpec, build_model
 
-    return build_model(ModelSpec(MODEL, n_layer=1, device="cpu", tiny=True))
+    return build_model(ModelSpec(model, n_layer=1, device="cpu", tiny=True, seq=seq))
 
 
-def _eager_grads() -> dict:
-    model, inputs = _model()
+def _eager_grads(model_spec) -> dict:
+    model, inputs = _model(*model_spec)
     model(*inputs).float().sum().backward()
     return {n: p.grad for n, p in model.named_parameters()}
 
@@ -50,22 +50,23 @@ def _parallel_transform(strategy: str):
                         broadcast_from=0)
 
 
-def _grad_error(strategy: str, jitted, eager: dict, rank: int) -> float:
-    """Largest |grad - eager| over parameters (FSDP: this rank's shard of eager's gradient)."""
+def _grad_errors(strategy: str, jitted, eager: dict, rank: int) -> tuple[float, float]:
+    """Largest |grad - eager| over parameters (FSDP: this rank's shard of eager's gradient), and the
+    largest such difference relative to the parameter's largest |eager gradient|."""
     import torch
     from thunder.distributed import _shard_tensor
 
-    worst = 0.0
+    worst = worst_relative = 0.0
     for name, param in jitted.named_parameters():
         expected = eager[name]
         if strategy == "fsdp":
             expected, _ = _shard_tensor(expected, rank, WORLD_SIZE, name, allow_padding_for_fsdp=True)
-        if param.grad is None or param.grad.shape != expected.shape:
-            return float("inf")
-        worst = max(worst, (param.grad - expected).abs().max().item())
-        if not torch.isfinite(param.grad).all():
-            return float("inf")
-    return worst
+        if param.grad is None or param.grad.shape != expected.shape or not torch.isfinite(param.grad).all():
+            return float("inf"), float("inf")
+        difference = (param.grad - expected).abs().max().item()
+        worst = max(worst, difference)
+        worst_relative = max(worst_relative, difference / max(expected.abs().max().item(), 1e-30))
+    return worst, worst_relative
 
 
 def regather_units_of(problem) -> list[str]:
@@ -75,13 +76,13 @@ def regather_units_of(problem) -> list[str]:
     return [n for n, u in problem.units.items() if is_regather_unit([problem.ops_by_name[o] for o in u.ops])]
 
 
-def _order_error(strategy: str) -> str:
+def _order_error(strategy: str, model_spec) -> str:
     """The error of CostRemat placed before the data-parallel transform ('' if none)."""
     import thunder
 
     from remat_opt.transform import CostRemat
 
-    model, inputs = _model()
+    model, inputs = _model(*model_spec)
     jitted = thunder.jit(model, transforms=[CostRemat(device_spec="cpu"), _parallel_transform(strategy)])
     try:
         jitted(*inputs)
@@ -90,33 +91,36 @@ def _order_error(strategy: str) -> str:
     return ""
 
 
-def _run_case(strategy: str, budget_bytes: int | None, rank: int, eager: dict, executors, *, reference: bool = False,
-              **cost_remat) -> dict:
+def _run_case(strategy: str, budget_bytes: int | None, rank: int, eager: dict, executors, model_spec, *,
+              reference: bool = False, peak: bool = False) -> dict:
+    """One compilation and step; `budget_bytes` bounds the saved bytes, or with `peak` the step peak."""
     import thunder
 
     from remat_opt.measure import measure_saved_bytes, measure_step_peak_bytes
     from remat_opt.transform import CostRemat, last_planned_step
 
-    model, inputs = _model()
+    model, inputs = _model(*model_spec)
     budget_gb = None if budget_bytes is None else budget_bytes / 1e9
-    transform = CostRemat(activation_budget_gb=budget_gb, device_spec="cpu", **cost_remat)
+    transform = CostRemat(**{"budget_gb" if peak else "activation_budget_gb": budget_gb}, device_spec="cpu")
     jitted = thunder.jit(model, transforms=[_parallel_transform(strategy), transform], executors=executors)
     measured = measure_saved_bytes(jitted, *inputs)
     measured.output.float().sum().backward()
     step = last_planned_step(jitted)
-    grad_error = _grad_error(strategy, jitted, eager, rank)
-    # the step peak is checked for DDP only (FSDP's is not modelled yet), so only DDP pays for it
-    peak_bytes = measure_step_peak_bytes(jitted, *inputs).peak_bytes if strategy == "ddp" else None
+    grad_error, grad_relative_error = _grad_errors(strategy, jitted, eager, rank)
+    measure_peak = strategy == "ddp" or os.environ.get("REMAT_OPT_MEASURE_FSDP_PEAK") == "1"  # the benchmark's
+    peak_bytes = measure_step_peak_bytes(jitted, *inputs).peak_bytes if measure_peak else None
     from remat_opt.solvers import minimum_saved_bytes
+    from remat_opt.solvers.ilp_bounds import minimum_peak_bytes
 
     from remat_opt.distributed import regather_units
     from remat_opt.problem import RecomputeProblem
 
     problem = step.problem
-    keep_minimum = None
-    if reference:  # the save-all run: the least any plan keeping every unsharded weight saves
+    keep_minimum = least_peak = None
+    if reference:  # the save-all run: the least any plan keeping every unsharded weight saves, the least peak
         keep = RecomputeProblem.from_graph(problem.graph, problem.op_time_s, pinned=regather_units_of(problem))
         keep_minimum = minimum_saved_bytes(keep)
+        least_peak = minimum_peak_bytes(problem)[0] if reference == "with_peak" else None
     return {
         "regathered": regather_units(step),
         "keep_minimum_bytes": keep_minimum,
@@ -124,7 +128,9 @@ def _run_case(strategy: str, budget_bytes: int | None, rank: int, eager: dict, e
         "predicted_saved_bytes": step.plan.saved_bytes,
         "measured_peak_bytes": peak_bytes,
         "predicted_peak_bytes": step.plan.peak_bytes,
+        "least_peak_bytes": least_peak,
         "grad_error": grad_error,
+        "grad_relative_error": grad_relative_error,
         "tag_targets": list(step.plan.recomputed_tag_targets),
         "save_all_bytes": step.problem.saved_bytes(()),
         "minimum_bytes": minimum_saved_bytes(step.problem) if reference else None,
@@ -132,11 +138,25 @@ def _run_case(strategy: str, budget_bytes: int | None, rank: int, eager: dict, e
     }
 
 
-def run_rank(rank: int, port: int, out_dir: str, cases: list) -> None:
-    """One rank: every case in order; ``cases`` are ``(label, strategy, budget)`` where budget is
-    ``"save_all"`` (run first for each strategy: it finds save-all and the minimum), a fraction of
-    save-all (``0.5``), ``"minimum"``, ``"below_keep"`` (1 B below the least any plan keeping every
-    unsharded weight saves) or ``"order"`` (CostRemat before the data-parallel transform: the error)."""
+def _budget(budget, ref: dict) -> tuple[int, bool]:
+    """``(budget_bytes, is_a_peak_budget)`` of a case's budget, from its strategy's save-all run."""
+    if isinstance(budget, tuple):  # ("peak", f): f of the way from the least step peak to save-all's
+        _, fraction = budget
+        least, save_all = ref["least_peak_bytes"], ref["predicted_peak_bytes"]
+        return least + int(fraction * (save_all - least)), True
+    named = {"minimum": ref["minimum_bytes"], "below_keep": ref["keep_minimum_bytes"] - 1}
+    return (named[budget] if budget in named else int(budget * ref["save_all_bytes"])), False
+
+
+def run_rank(rank: int, port: int, out_dir: str, cases: list, model_spec: tuple = (MODEL, None)) -> None:
+    """One rank: every case in order on the tiny 1-layer `model_spec` = ``(litgpt name, seq)``.
+
+    ``cases`` are ``(label, strategy, budget)`` where budget is ``"save_all"`` (run first for each
+    strategy: it finds save-all and the minimum; the least step peak too when a peak case follows),
+    a fraction of save-all (``0.5``), ``"minimum"``, ``"below_keep"`` (1 B below the least any plan
+    keeping every unsharded weight saves), ``("peak", f)`` (a step-peak budget f of the way from the
+    least peak to save-all's) or ``"order"`` (CostRemat before the data-parallel transform: the error).
+    """
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch
 
@@ -151,21 +171,22 @@ def run_rank(rank: int, port: int, out_dir: str, cases: list) -> None:
         from remat_opt.executors import executors_for
 
         executors = executors_for("fused-sdpa")
-        eager = _eager_grads()
+        eager = _eager_grads(model_spec)
         reference = {}
         for label, strategy, budget in cases:
             if budget == "order":
-                results[label] = {"error_message": _order_error(strategy)}
+                results[label] = {"error_message": _order_error(strategy, model_spec)}
                 continue
             if budget == "save_all":
-                result = _run_case(strategy, 10**9, rank, eager, executors, reference=True)  # 1 GB: nothing to recompute
+                with_peak = any(isinstance(b, tuple) and s == strategy for _, s, b in cases)
+                result = _run_case(strategy, 10**9, rank, eager, executors, model_spec,  # 1 GB: nothing to recompute
+                                   reference="with_peak" if with_peak else True)
                 reference[strategy] = result
                 results[label] = {**result, "budget_bytes": result["save_all_bytes"]}
                 continue
-            ref = reference[strategy]
-            named = {"minimum": ref["minimum_bytes"], "below_keep": ref["keep_minimum_bytes"] - 1}
-            budget_bytes = named[budget] if budget in named else int(budget * ref["save_all_bytes"])
-            results[label] = {**_run_case(strategy, budget_bytes, rank, eager, executors), "budget_bytes": budget_bytes}
+            budget_bytes, peak = _budget(budget, reference[strategy])
+            result = _run_case(strategy, budget_bytes, rank, eager, executors, model_spec, peak=peak)
+            results[label] = {**result, "budget_bytes": budget_bytes, "peak_budget": peak}
     except Exception:
         results["error"] = traceback.format_exc()
     finally:
@@ -173,12 +194,12 @@ def run_rank(rank: int, port: int, out_dir: str, cases: list) -> None:
         dist.destroy_process_group()
 
 
-def spawn(cases: list, out_dir: str, timeout_s: float = 240.0) -> list[dict]:
+def spawn(cases: list, out_dir: str, timeout_s: float = 240.0, model_spec: tuple = (MODEL, None)) -> list[dict]:
     """Runs `cases` on 2 gloo ranks; returns each rank's results (raises on a hang or a crash)."""
     import torch.multiprocessing as mp
 
-    context = mp.start_processes(run_rank, args=(free_port(), out_dir, cases), nprocs=WORLD_SIZE, join=False,
-                                 start_method="spawn")
+    context = mp.start_processes(run_rank, args=(free_port(), out_dir, cases, model_spec), nprocs=WORLD_SIZE,
+                                 join=False, start_method="spawn")
     import time
 
     deadline = time.monotonic() + timeout_s

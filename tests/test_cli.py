@@ -37,10 +37,18 @@ def test_inspect_text_output(capsys):
         (["inspect", "Llama-2-7b-hf", "--seq", "0"], "argument --seq: must be at least 1, got 0"),
         (["inspect", *TINY, "--traced-layers", "2"], "traced_layers must be 0 (all) or at least 3, got 2"),
         (["inspect", "factories:broken", "--traced-layers", "4"], "--traced-layers needs a litgpt config name"),
+        (["plan", *TINY, "--device-spec", "h100", "--world-size", "3", "--strategy", "fsdp"],
+         "world size 3 does not divide what FSDP shards: lm_head.weight has 256 rows"),
+        (["plan", *TINY, "--device-spec", "h100", "--world-size", "2", "--strategy", "zero3"],
+         "unknown strategy 'zero3'; use one of: fsdp, ddp"),
+        (["pareto", *TINY, "--device-spec", "h100", "--world-size", "2"], "--world-size and --strategy go together"),
+        (["plan", "Llama-2-7b-hf", "--tiny", "--n-layer", "5", "--device-spec", "h100", "--world-size", "2",
+          "--strategy", "ddp"], "use --traced-layers 0"),
     ],
     ids=[
         "unknown-config", "failing-forward", "mixed-devices", "bad-factory", "missing-factory", "bad-seq",
-        "traced-layers-too-few", "traced-layers-of-a-factory",
+        "traced-layers-too-few", "traced-layers-of-a-factory", "world-size-not-dividing", "unknown-strategy",
+        "world-size-alone", "deepen-data-parallel",
     ],
 )
 def test_bad_input_gets_one_line_error(argv, message, capsys):

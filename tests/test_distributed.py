@@ -26,9 +26,13 @@ FULL_CASES = [
     ("fsdp-50%", "fsdp", 0.5),
     ("fsdp-below_keep", "fsdp", "below_keep"),
     ("fsdp-minimum", "fsdp", "minimum"),
+    ("fsdp-peak_25%", "fsdp", ("peak", 0.25)),
+    ("fsdp-peak_60%", "fsdp", ("peak", 0.6)),
     ("ddp-save_all", "ddp", "save_all"),
     ("ddp-50%", "ddp", 0.5),
     ("ddp-minimum", "ddp", "minimum"),
+    ("ddp-peak_25%", "ddp", ("peak", 0.25)),
+    ("ddp-peak_60%", "ddp", ("peak", 0.6)),
 ]
 LABELS = [label for label, _, budget in CASES if budget != "order"]
 
@@ -89,6 +93,8 @@ def test_a_budget_keeping_weights_cannot_meet_is_met_by_re_gathering(ranks):
 
 
 def test_ddp_step_peak_within_5_percent_of_prediction(ranks):
+    # FSDP's is checked by benchmarks/distributed_check.py at seq 256: at this size gloo's staging
+    # buffers (allocated on its worker threads, 64 KiB here) overlap the main thread's by chance, ~10%
     for result in ranks:
         for label in ("ddp-save_all", "ddp-minimum"):
             case = result[label]
