@@ -116,33 +116,36 @@ class StorageTracker:
     def _execute(self, bsym: BoundSymbol, outs: list[TensorProxy], trace_ctx: dict) -> dict[str, torch.Tensor]:
         env = {p.name: self._values[p.name] for p in bsym.flat_proxy_args if p.name in self._values}
         code = "\n".join(bsym.python(indent=0, print_depth=1))
-        try:
-            with _OnMeta():
-                exec(compile(code, f"<meta {bsym.sym.name}>", "exec"), trace_ctx, env)
-            values = {o.name: env[o.name] for o in outs}
-            if all(isinstance(v, torch.Tensor) for v in values.values()):
-                return values
-            reason = "returned a non-tensor"
-        except Exception as e:  # an op without a meta kernel: assume fresh outputs, and say so
-            reason = f"{type(e).__name__}: {e}"
-        note = f"{bsym.sym.name} could not run on meta ({reason}); outputs taken as fresh"
-        self.notes[note] = self.notes.get(note, 0) + 1
-        return {o.name: _meta_empty(o) for o in outs}
+
+        def compute():
+            exec(compile(code, f"<meta {bsym.sym.name}>", "exec"), trace_ctx, env)
+            return {o.name: env[o.name] for o in outs}
+
+        return self._on_meta_or_fresh(bsym.sym.name, outs, compute)
 
     def _run_members(self, region: BoundSymbol, outs: list[TensorProxy]) -> dict[str, torch.Tensor]:
         """A region's outputs computed by its members on meta (views of its inputs stay views)."""
         inputs = [p for p in region.flat_proxy_args if isinstance(p, TensorProxy)]
-        try:
+
+        def compute():
             program = region_program(region.subsymbols, inputs, outs, "remat_opt_region_on_meta")
+            results = program.python_callable(include_decorators=False)(*(self._values[p.name] for p in inputs))
+            return dict(zip((o.name for o in outs), results if isinstance(results, (tuple, list)) else (results,)))
+
+        return self._on_meta_or_fresh(f"{region.sym.name}'s members", outs, compute)
+
+    def _on_meta_or_fresh(self, what: str, outs: list[TensorProxy], compute) -> dict[str, torch.Tensor]:
+        """`compute()` run on meta; when it fails or returns no tensor for an output, fresh outputs
+        and a note saying so (an op without a meta kernel)."""
+        try:
             with _OnMeta():
-                results = program.python_callable(include_decorators=False)(*(self._values[p.name] for p in inputs))
-            values = dict(zip((o.name for o in outs), results if isinstance(results, (tuple, list)) else (results,)))
+                values = compute()
             if len(values) == len(outs) and all(isinstance(v, torch.Tensor) for v in values.values()):
                 return values
             reason = "returned a non-tensor"
-        except Exception as e:  # a member without a meta kernel: assume fresh outputs, and say so
+        except Exception as e:
             reason = f"{type(e).__name__}: {e}"
-        note = f"{region.sym.name}'s members could not run on meta ({reason}); its outputs taken as fresh"
+        note = f"{what} could not run on meta ({reason}); outputs taken as fresh"
         self.notes[note] = self.notes.get(note, 0) + 1
         return {o.name: _meta_empty(o) for o in outs}
 
