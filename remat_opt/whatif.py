@@ -622,8 +622,8 @@ class SeedPrediction:
 def seed_prediction(costed: CostedGraph, parameters: Parameters) -> SeedPrediction:
     """Predicts #1646's iterations for `costed` (Llama-2-7b, seq 4096, bf16 on an H100 for the seed)."""
     kept = predict_training_step(costed.graph, CostModel(costed.graph, costed.device), parameters)
-    before_backward = kept.peak_phase in ("forward", "loss", "loss backward")
-    freed = sdpa_auxiliary_bytes(costed.graph) if kept.peak_phase != "forward" and before_backward else 0
+    # every auxiliary is saved (and not yet freed) from the forward's end until the backward starts
+    freed = sdpa_auxiliary_bytes(costed.graph) if kept.peak_phase in ("loss", "loss backward") else 0
     return SeedPrediction(kept, kept.peak_bytes - freed, kept.time_s + sdpa_case(costed).extra_time_s)
 
 

@@ -72,9 +72,9 @@ def pytest_generate_tests(metafunc):
 class _BudgetRuns:
     """CostRemat on one model family at activation budgets of `points` (one class per family, so
     that pytest-xdist's ``--dist loadscope`` spreads the families over workers). Tiny Llama-2 runs
-    three points, the others one or two, rotated so that each point runs on at least two families
-    (save-all on the others is what `tests/test_extract.py` checks with the same executors: predicted
-    saved bytes equal to measured; every compilation costs seconds, the suite must stay under 8
+    three points, the others one or two, rotated so that every point below save-all runs on at least
+    two families (save-all on the others is what `tests/test_extract.py` checks with the same
+    executors: predicted saved bytes equal to measured; every compilation costs seconds, the suite must stay under 8
     minutes on 2 cores;
     `benchmarks/fusion_check.py` and the closing notes run every point on every family)."""
 
