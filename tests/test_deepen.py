@@ -18,11 +18,11 @@ from synthetic import chain_graph, stacked_blocks_graph
 # fusion regions span layer boundaries, so the first and last layers' blocks differ from the rest.
 CASES = {
     "llama2-nvfuser-standin": ("Llama-2-7b-hf", "nvfuser-standin", 4),
-    "pythia-parallel-residual": ("pythia-14m", "fused-sdpa", 3),
 }
-# Llama-3 (GQA, decomposed SDPA) from 3 traced layers to 4 also extends exactly; it left the suite to
-# keep it under 8 minutes: `benchmarks/deepen_check.py --model Llama-3-8B --executors default
-# --traced-layers 3 --layers 4 --seq 32` checks it (at full width).
+# Pythia (parallel residual, fused SDPA) and Llama-3 (GQA, decomposed SDPA) from 3 traced layers to 4
+# also extend exactly; they left the suite to keep it under 8 minutes: `benchmarks/deepen_check.py
+# --model pythia-14m --executors fused-sdpa --traced-layers 3 --layers 4 --seq 32` (and Llama-3-8B
+# with --executors default) checks them at full width.
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
