@@ -6,7 +6,8 @@ the callables Thunder built for them), write the cost table and read it back, th
 
 * the Spearman rank correlation of roofline vs measured time per distinct op and region (the
   formulas' ranking), over all of them and over the forward ops alone (the recompute candidates);
-* the forward+backward totals: the roofline sum and the measured table's sum (every op and region
+* for each timing method (`costmodels.timing.ProfileOptions.method`: ops timed in the step's order,
+  or each alone in a loop), the forward+backward totals: the roofline sum and the measured table's sum (every op and region
   of the graph at its measured time) against two measurements of the same model, inputs and
   executors, in interleaved rounds: the compiled forward and backward traces run directly (the
   graph's ops in order, as Thunder runs them: what the sums predict) and a whole Thunder training
@@ -38,7 +39,7 @@ from remat_opt.executors import EXECUTOR_CHOICES, executors_for
 from remat_opt.extract import analyze
 from remat_opt.models import ModelSpec, build_model
 
-from costmodels.timing import ProfileOptions
+from costmodels.timing import TIMING_METHODS, ProfileOptions
 from remat_opt.profiling import profile_graph
 from remat_opt.cost_report import compare, format_comparison, spearman
 from remat_opt.costing import CostModel, op_args
@@ -113,34 +114,28 @@ def forward_spearman(graph, comparison) -> float:
     return spearman([r[2] for r in rows], [r[3] for r in rows]) if len(rows) > 1 else float("nan")
 
 
-def run(seq: int, executors_name: str, args: argparse.Namespace, out_dir: Path) -> None:
-    spec = ModelSpec("Llama-2-7b-hf", n_layer=args.n_layer, seq=seq, device="cpu", tiny=True)
-    model, inputs = build_model(spec)
-    executors = executors_for(executors_name)
-    graph = analyze(model, *inputs, executors=executors)
+def _profile(graph, spec, method: str, args: argparse.Namespace, out_dir: Path, name: str):
     start = time.perf_counter()
-    table = profile_graph(graph, options=ProfileOptions(repeats=args.repeats), progress=False, model=repr(spec))
+    options = ProfileOptions(method=method, repeats=args.repeats)
+    table = profile_graph(graph, options=options, progress=False, model=repr(spec))
     profile_s = time.perf_counter() - start
-    path = save_table(table, out_dir / f"tiny-llama-seq{seq}-{executors_name}.json")
-    table = load_table(path, device="cpu")
+    path = save_table(table, out_dir / f"{name}-{method}.json")
+    return load_table(path, device="cpu"), profile_s, path
+
+
+def _report(graph, table, measured: MeasuredStep, method: str, profile_s: float, path: Path, per_op: bool) -> None:
     comparison = compare(graph, table)
-    measured = measure_step(model, inputs, executors, args.step_repeats)
     regions = [op for op in graph.ops if is_fusion_symbol(op.symbol)]
     region_keys = {op_key(op_args(graph, op)) for op in regions}
-    print(f"\n=== tiny Llama-2 ({args.n_layer} layer, seq {seq}, float32), executors {executors_name}, "
-          f"{torch.get_num_threads()} thread(s) ===")
-    print(f"profiled {len(table.entries)} distinct ops and regions of {len(graph.ops)} ops in {profile_s:.1f} s "
-          f"({len(region_keys & set(table.entries))} of {len(region_keys)} distinct fusion regions timed whole, "
-          f"{len(regions)} regions in the graph); table {path} reloaded")
+    print(f"\n--- ops timed {method}: {len(table.entries)} distinct ops and regions of {len(graph.ops)} ops in "
+          f"{profile_s:.1f} s ({len(region_keys & set(table.entries))} of {len(region_keys)} distinct fusion regions "
+          f"timed whole, {len(regions)} regions in the graph); table {path} reloaded")
     for key, reason in table.skipped:
         print(f"  skipped {key[:100]}: {reason}")
-    print(format_comparison(comparison, per_op=args.per_op))
+    print(format_comparison(comparison, per_op=per_op))
     print(f"Spearman over the forward ops and regions only: {forward_spearman(graph, comparison):.3f}")
     traces_s = measured.forward_s + measured.backward_s
     predicted = CostModel(graph, table=table)
-    print(f"measured, median of {args.step_repeats} interleaved rounds: forward+backward traces run directly "
-          f"{traces_s * 1e3:.3f} ms (forward {measured.forward_s * 1e3:.3f}, backward {measured.backward_s * 1e3:.3f}); "
-          f"whole Thunder step {measured.step_s * 1e3:.3f} ms")
     print(f"measured table summed: {comparison.measured_total_s * 1e3:.3f} ms = "
           f"{comparison.measured_total_s / traces_s:.3f} of the traces run directly "
           f"(forward {predicted.total_time_s(backward=False) / measured.forward_s:.3f}, "
@@ -150,6 +145,22 @@ def run(seq: int, executors_name: str, args: argparse.Namespace, out_dir: Path) 
           f"of the traces run directly, {comparison.predicted_total_s / measured.step_s:.3f} of the whole step")
 
 
+def run(seq: int, executors_name: str, args: argparse.Namespace, out_dir: Path) -> None:
+    spec = ModelSpec("Llama-2-7b-hf", n_layer=args.n_layer, seq=seq, device="cpu", tiny=True)
+    model, inputs = build_model(spec)
+    executors = executors_for(executors_name)
+    graph = analyze(model, *inputs, executors=executors)
+    tables = {m: _profile(graph, spec, m, args, out_dir, f"tiny-llama-seq{seq}-{executors_name}") for m in args.methods}
+    measured = measure_step(model, inputs, executors, args.step_repeats)
+    print(f"\n=== tiny Llama-2 ({args.n_layer} layer, seq {seq}, float32), executors {executors_name}, "
+          f"{torch.get_num_threads()} thread(s) ===")
+    print(f"measured, median of {args.step_repeats} interleaved rounds: forward+backward traces run directly "
+          f"{(measured.forward_s + measured.backward_s) * 1e3:.3f} ms (forward {measured.forward_s * 1e3:.3f}, "
+          f"backward {measured.backward_s * 1e3:.3f}); whole Thunder step {measured.step_s * 1e3:.3f} ms")
+    for method, (table, profile_s, path) in tables.items():
+        _report(graph, table, measured, method, profile_s, path, args.per_op)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seq", type=int, nargs="+", default=[32, 512], help="sequence lengths to profile")
@@ -157,7 +168,9 @@ def main() -> None:
                         help="executor lists to compare (torch-compile and nvfuser-standin form fusion regions)")
     parser.add_argument("--n-layer", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
-    parser.add_argument("--repeats", type=int, default=20, help="timed calls per op, at least")
+    parser.add_argument("--methods", nargs="+", default=list(TIMING_METHODS), choices=TIMING_METHODS,
+                        help="how ops are timed (costmodels.timing.ProfileOptions.method), each reported")
+    parser.add_argument("--repeats", type=int, default=20, help="timed passes (in-order) or calls per op (loop)")
     parser.add_argument("--step-repeats", type=int, default=20, help="timed training steps")
     parser.add_argument("--per-op", action="store_true", help="print one line per distinct op")
     parser.add_argument("--out", type=Path, default=None, help="folder for the tables (default: a temp folder)")

@@ -12,21 +12,32 @@ import torch
 from costmodels.devices import median_time_s
 
 
+TIMING_METHODS = ("in-order", "loop")
+
+
 @dataclass(frozen=True, slots=True)
 class ProfileOptions:
-    """How long to time each op.
+    """How to time each op.
 
     Attributes:
-        warmup: untimed calls before timing.
-        repeats: timed calls at least.
-        min_time_s: keep repeating (up to `max_repeats`) until this much time was timed.
-        max_repeats: timed calls at most.
+        method: ``"in-order"``: replay the whole graph `warmup` + `repeats` times and time every call
+            as it runs in the step's order (`remat_opt.profiling.replay`); ``"loop"``: time each
+            distinct op alone, repeating the call on the same tensors.
+        warmup: untimed passes (in order) or calls (loop) before timing.
+        repeats: timed passes (in order) or calls at least (loop).
+        min_time_s: (loop) keep repeating (up to `max_repeats`) until this much time was timed.
+        max_repeats: (loop) timed calls at most.
     """
 
+    method: str = "in-order"
     warmup: int = 3
     repeats: int = 10
     min_time_s: float = 0.01
     max_repeats: int = 1000
+
+    def __post_init__(self):
+        if self.method not in TIMING_METHODS:
+            raise ValueError(f"unknown timing method {self.method!r}: use one of {', '.join(TIMING_METHODS)}")
 
 
 def _cuda_median_time_s(fn: Callable, options: ProfileOptions) -> tuple[float, int]:

@@ -17,6 +17,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from costmodels.timing import TIMING_METHODS, ProfileOptions
 from remat_opt.errors import InfeasibleBudgetError
 from remat_opt.executors import EXECUTOR_CHOICES, default_executors, executors_for
 from remat_opt.models import DTYPES, FACTORY_OPTIONS, ModelSpec, ModelSpecError
@@ -395,8 +396,12 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     add_model_arguments(parser, device_default="cpu", device_help="cpu (the default) or cuda: where ops are timed")
     parser.add_argument("--output", "-o", default=None, help="cost table path (default: cost_tables/<device>.json)")
     parser.add_argument("--report", action="store_true", help="print predicted vs measured per op and Spearman")
-    parser.add_argument("--warmup", type=_count, default=3, help="untimed calls per op")
-    parser.add_argument("--repeats", type=_positive_int, default=10, help="timed calls per op, at least")
+    parser.add_argument("--method", choices=TIMING_METHODS, default=ProfileOptions().method,
+                        help="in-order: replay the step's ops in order and time every call as it runs (what a "
+                             "step costs); loop: time each distinct op alone, repeated (warm caches, reused memory)")
+    parser.add_argument("--warmup", type=_count, default=3, help="untimed passes (in-order) or calls per op (loop)")
+    parser.add_argument("--repeats", type=_positive_int, default=10,
+                        help="timed passes (in-order) or calls per op, at least (loop)")
     parser.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -422,7 +427,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import torch
 
     from costmodels.table import load_table, save_table
-    from costmodels.timing import ProfileOptions
     from remat_opt.cost_report import compare, format_comparison
     from remat_opt.profiling import REGION_NOTE, profile_graph
 
@@ -435,7 +439,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     spec, graph, _ = analyze_from_args(args)
-    options = ProfileOptions(warmup=args.warmup, repeats=args.repeats)
+    options = ProfileOptions(method=args.method, warmup=args.warmup, repeats=args.repeats)
     table = profile_graph(graph, device=device, options=options, progress=not args.no_progress, model=repr(spec))
     path = save_table(table, args.output or default_table_path(table.device))
     table = load_table(path, device=device)  # what planners will read: check it round-trips

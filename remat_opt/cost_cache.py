@@ -2,7 +2,8 @@
 
 `auto_cost_table(graph)` times the forward ops of `graph` (the candidates for recompute: what
 the decision depends on) that the cache does not hold yet, on the graph's device, with the runners
-of ``remat-opt profile`` (`remat_opt.profiling.replay`), within a time cap; ops it could not time
+of ``remat-opt profile`` (`remat_opt.profiling.replay`: the graph replayed in order, every call timed as
+it runs), within a time cap; ops it could not time
 keep their formula costs. Fusion regions (``TorchCompileN``, ``nvFusionN``) are timed whole through
 the callables Thunder built for them (`remat_opt.profiling`), keyed by their signature; when the
 planner works on an unfused graph (`CostRemat` through a fusion pass), the fused graph of the same
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from costmodels.devices import calibrate_cpu, current_device_name
 from costmodels.formulas import is_fusion_symbol
+from costmodels.timing import ProfileOptions
 from costmodels.table import CostTable, CostTableError, library_versions, load_table, op_key, save_table
 from remat_opt.costing import op_args
 from remat_opt.graph import JointGraph
@@ -81,7 +83,9 @@ def cache_dir() -> Path:
 def table_path(device: str) -> Path:
     """The cache file for `device` (``"cpu"``, ``"cuda:0"``) and these library versions."""
     torch_version, thunder_version = library_versions()
-    name = f"{current_device_name(device)}-torch-{torch_version}-thunder-{thunder_version}"
+    # the timing method is part of the name: tables of ops timed alone in a loop (before in-order
+    # timing was the default) measured other times and are not mixed in
+    name = f"{current_device_name(device)}-torch-{torch_version}-thunder-{thunder_version}-{ProfileOptions().method}"
     slug = "".join(c if c.isalnum() or c in ".+" else "-" for c in name).strip("-").lower()
     while "--" in slug:
         slug = slug.replace("--", "-")

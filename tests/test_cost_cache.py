@@ -80,3 +80,8 @@ def test_meta_graphs_keep_formula_costs(cache):
         model, (x,) = block(batch=2, seq=16, device="meta")
     costs = auto_cost_table(analyze(model, x))
     assert costs.table is None and "formulas" in costs.note() and not list(cache.iterdir())
+
+
+def test_the_cache_file_names_the_timing_method(cache):
+    # tables timed alone in a loop (the earlier default) measured other times: never mixed in
+    assert table_path("cpu").parent == cache and "in-order" in table_path("cpu").name

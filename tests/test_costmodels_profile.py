@@ -177,6 +177,73 @@ def test_a_region_runs_with_its_recorded_arguments():
     assert seen and set(seen) == {(2.0, (4, 8))}
 
 
+def test_an_unknown_timing_method_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="unknown timing method 'fast': use one of in-order, loop"):
+        ProfileOptions(method="fast")
+
+
+def _twice_sin(x):
+    """Two calls of one op key (sin of the same shape) among other ops."""
+    return (x.sin() * 2).sin().sum()
+
+
+@pytest.fixture(scope="module")
+def twice_sin():
+    return analyze(_twice_sin, torch.randn(8, 16, requires_grad=True))
+
+
+def test_in_order_times_every_call_of_every_pass_and_loop_times_each_key_alone(twice_sin):
+    sin = next(op for op in twice_sin.ops if op.symbol == "sin")
+    sin_key = op_key(op_args(twice_sin, sin))
+    assert sum(op_key(op_args(twice_sin, op)) == sin_key for op in twice_sin.ops) == 2
+    in_order = replay(twice_sin, "cpu", options=QUICK)
+    loop = replay(twice_sin, "cpu", options=replace(QUICK, method="loop"))
+    assert in_order.problems == loop.problems == [] and set(in_order.times) == set(loop.times)
+    assert sin_key in in_order.times
+    # in order: each of the 2 calls once per timed pass (warm-up passes dropped); loop: one op, repeated
+    assert in_order.times[sin_key].repeats == 2 * QUICK.repeats
+    single = [k for k in in_order.times if sum(op_key(op_args(twice_sin, op)) == k for op in twice_sin.ops) == 1]
+    assert single and all(in_order.times[k].repeats == QUICK.repeats for k in single)
+    assert all(e.repeats >= QUICK.repeats and e.time_s > 0 for e in loop.times.values())
+
+
+def test_replay_restores_the_garbage_collector(twice_sin):
+    import gc
+
+    assert gc.isenabled()
+    replay(twice_sin, "cpu", options=QUICK)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        replay(twice_sin, "cpu", options=QUICK)
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
+
+
+def test_random_inputs_keep_the_scale_of_a_matmul_chain():
+    """Weights and activations zero-mean with std 1/sqrt(fan-in): a chain of matmuls neither
+    blows up nor vanishes (all-positive values had softmax saturate and backward hit denormals)."""
+    from costmodels.formulas import TensorMeta
+    from remat_opt.profiling import _random_tensor
+
+    def meta(shape, dtype="float32"):
+        return TensorMeta(shape, dtype, 0)
+
+    torch.manual_seed(0)
+    width = 256
+    weight = _random_tensor(meta((width, width)), "cpu", None)
+    assert abs(weight.mean().item()) < 0.01 and weight.std().item() == pytest.approx(width**-0.5, rel=0.05)
+    h = _random_tensor(meta((32, width)), "cpu", None) * math.sqrt(width)
+    for _ in range(8):
+        h = h @ _random_tensor(meta((width, width)), "cpu", None)
+    assert 0.3 < h.std().item() < 3.0
+    norm = _random_tensor(meta((width,)), "cpu", None)
+    assert norm.min().item() >= 0.5 and norm.max().item() < 1.5
+    index = _random_tensor(meta((100,), "int64"), "cpu", 7)
+    assert index.min().item() >= 0 and index.max().item() < 7
+
+
 def test_profile_command_writes_and_reports(tmp_path, capsys):
     output = tmp_path / "block.json"
     argv = ["remat_opt.examples:block", "--output", str(output), "--report", "--warmup", "1", "--repeats", "2",
