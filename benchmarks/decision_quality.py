@@ -10,7 +10,11 @@ model and cost source runs round-robin with the save-all plan (one step of each 
 machine noise hits all alike); the measured extra time of a plan is the median over rounds of
 (its step time - the save-all step time of that round), with the standard error of the mean of
 those differences beside it. Predicted extra time is the plan's `extra_time_s` minus the
-save-all plan's. With a fusion executor (``--executors``) the budgets are fractions of that
+save-all plan's. The machine's speed drifts (1.5x between two profiles of the same graph minutes
+apart on the shared CPU), so a table timed before the rounds can be off by that factor; the last
+two columns cancel it: each plan's extra time as a share of its save-all step, predicted (the
+cost model's forward+backward total) and measured (the median save-all step of the same rounds).
+With a fusion executor (``--executors``) the budgets are fractions of that
 executor's own save-all and each plan is made through Thunder's fusion pass (a few dry runs per
 compilation); ``auto`` then times the fusion regions whole and prices each recomputed op by its
 share of its region (`remat_opt.costing`).
@@ -101,7 +105,7 @@ def main() -> None:
     print(f"n_layer={args.n_layer} seq={args.seq} width={args.width}, fp32, CPU, 1 thread, {args.rounds} rounds, "
           f"executors {args.executors}")
     print(f"{'model':<16}{'costs':<10}{'budget':<10}{'saved B':>11}{'predicted ms':>14}{'measured ms':>13}"
-          f"{'+- SE':>8}{'error ms':>10}")
+          f"{'+- SE':>8}{'error ms':>10}{'pred %':>8}{'meas %':>8}{'+- SE':>7}")
     for name in args.models.split(","):
         model, inputs = _model(name, args)
         baseline = thunder.jit(model, executors=executors)
@@ -111,13 +115,19 @@ def main() -> None:
             systems = _plans(model, inputs, save_all, table, executors)
             times = _measure(systems, inputs, args.rounds)
             reference_s = systems["save-all"][1].extra_time_s
+            predicted_step_s = last_planned_step(systems["save-all"][0]).costs.total_time_s()
+            measured_step_s = statistics.median(times["save-all"])
             for label, (_, plan) in systems.items():
                 diffs = [a - b for a, b in zip(times[label], times["save-all"])]
                 measured_ms = 1e3 * statistics.median(diffs)
                 se_ms = 1e3 * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
                 predicted_ms = 1e3 * (plan.extra_time_s - reference_s)
                 print(f"{name:<16}{costs:<10}{label:<10}{plan.saved_bytes:>11,}{predicted_ms:>14.2f}"
-                      f"{measured_ms:>13.2f}{se_ms:>8.2f}{predicted_ms - measured_ms:>10.2f}")
+                      f"{measured_ms:>13.2f}{se_ms:>8.2f}{predicted_ms - measured_ms:>10.2f}"
+                      f"{predicted_ms / predicted_step_s / 10:>8.1f}{measured_ms / measured_step_s / 10:>8.1f}"
+                      f"{se_ms / measured_step_s / 10:>7.1f}")
+            print(f"{'':<36}save-all step: predicted {1e3 * predicted_step_s:.2f} ms (forward+backward of the "
+                  f"graph), measured {1e3 * measured_step_s:.2f} ms (median)")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,15 @@ changes nothing where torch and Thunder already work together.
    ``delete_unused_values`` fails with ``TypeError: object of type 'MappingKeysView' has no
    len()``. The step wraps ``ThunderCompiler.__call__`` to generate that code at once, outside
    the interpreter (what torch does on the first call anyway).
+3. **Dicts that shrink while Thunder wraps their items** (can go when Thunder's
+   ``thunder.core.interpreter.populate_item_wrappers`` iterates a snapshot of a dict's items, not
+   ``obj.value.items()``): tracing a model that builds a module in its forward (litgpt's
+   ``nn.Identity()`` head) runs Dynamo's ``mutation_guard`` in Thunder's interpreter, which looks
+   a key up in an ``ExactWeakKeyDictionary`` of every module built so far; Thunder wraps every item
+   of that dict first, and when a collection frees a module in the middle, the weakref callback
+   deletes its entry and the trace fails with ``RuntimeError: dictionary changed size during
+   iteration`` (seen once in a full test run, when the dict had grown large). The step retries the
+   wrapping, which skips items already wrapped, so that only the items left are visited again.
 """
 
 from __future__ import annotations
@@ -92,3 +101,49 @@ def ensure_thunderfx_recompiles(compiler_cls: type | None = None, interpreter=No
 
 
 THUNDERFX_PATCHED: bool = ensure_thunderfx_recompiles()
+
+
+DICT_CHANGED = "dictionary changed size during iteration"
+
+
+def retry_when_a_dict_shrinks(fn, attempts: int = 8):
+    """`fn` called again (up to `attempts` times in all) when it fails because a dict it iterates
+    changed size; any other error, or the last attempt's, propagates. For idempotent `fn` only."""
+
+    def retrying(*args, **kwargs):
+        for attempt in range(attempts):
+            try:
+                return fn(*args, **kwargs)
+            except RuntimeError as e:
+                if DICT_CHANGED not in str(e) or attempt == attempts - 1:
+                    raise
+
+    retrying.__doc__, retrying.__wrapped__, retrying.__name__ = fn.__doc__, fn, fn.__name__
+    retrying._remat_opt_retries = True
+    return retrying
+
+
+def interpreter_iterates_live_dicts(interpreter=None) -> bool:
+    """Whether Thunder wraps a dict's items while iterating the dict itself (step 3's trigger)."""
+    import inspect
+
+    if interpreter is None:
+        from thunder.core import interpreter
+    fn = getattr(interpreter, "populate_item_wrappers", None)
+    if fn is None or getattr(fn, "_remat_opt_retries", False):
+        return False
+    return "in obj.value.items():" in inspect.getsource(fn)
+
+
+def ensure_item_wrapping_retries(interpreter=None) -> bool:
+    """Step 3: replaces ``populate_item_wrappers`` of Thunder's interpreter module (looked up there
+    as a global at each call) by one that retries when the dict shrank. Returns whether it did."""
+    if interpreter is None:
+        from thunder.core import interpreter
+    if not interpreter_iterates_live_dicts(interpreter):
+        return False
+    interpreter.populate_item_wrappers = retry_when_a_dict_shrinks(interpreter.populate_item_wrappers)
+    return True
+
+
+ITEM_WRAPPING_PATCHED: bool = ensure_item_wrapping_retries()

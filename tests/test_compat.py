@@ -119,3 +119,63 @@ def test_thunderfx_runs_and_matches_eager():
     mlp(x).sum().backward()
     for got, p in zip(grads, mlp.parameters()):
         torch.testing.assert_close(got, p.grad)
+
+
+def test_wrapping_a_dict_that_shrinks_mid_iteration_is_retried():
+    """Step 3 on a real dict that loses an entry during the first iteration (as a weakref callback
+    does when a collection runs inside Thunder's item wrapping): the retry wraps what is left."""
+    from remat_opt._compat import retry_when_a_dict_shrinks
+
+    items = {i: str(i) for i in range(6)}
+    wrapped, calls = {}, []
+
+    def populate(d):  # idempotent, as Thunder's populate_item_wrappers: skips what it wrapped
+        calls.append(len(d))
+        for k, v in d.items():
+            if k not in wrapped:
+                wrapped[k] = v
+                if len(calls) == 1 and k == 2:
+                    del d[5]  # the callback of a freed key
+
+    retry_when_a_dict_shrinks(populate)(items)
+    assert calls == [6, 5] and wrapped == {i: str(i) for i in range(5)}
+
+    def always_shrinks(d):
+        raise RuntimeError("dictionary changed size during iteration")
+
+    with pytest.raises(RuntimeError, match="changed size"):
+        retry_when_a_dict_shrinks(always_shrinks, attempts=3)({})
+
+    def other_error(d):
+        calls.append("other")
+        raise RuntimeError("something else")
+
+    calls.clear()
+    with pytest.raises(RuntimeError, match="something else"):
+        retry_when_a_dict_shrinks(other_error)({})
+    assert calls == ["other"]  # not retried
+
+
+def test_item_wrapping_step_is_applied_only_where_thunder_iterates_the_live_dict():
+    import types
+
+    from thunder.core import interpreter
+
+    from remat_opt._compat import ITEM_WRAPPING_PATCHED, ensure_item_wrapping_retries
+
+    if ITEM_WRAPPING_PATCHED:
+        assert interpreter.populate_item_wrappers._remat_opt_retries
+    assert not ensure_item_wrapping_retries()  # a second call is a no-op
+
+    def live(obj):
+        for k, v in obj.value.items():
+            pass
+
+    def snapshot(obj):
+        for k, v in list(obj.value.items()):
+            pass
+
+    fixed = types.SimpleNamespace(populate_item_wrappers=snapshot)
+    assert not ensure_item_wrapping_retries(fixed) and fixed.populate_item_wrappers is snapshot
+    broken = types.SimpleNamespace(populate_item_wrappers=live)
+    assert ensure_item_wrapping_retries(broken) and broken.populate_item_wrappers.__wrapped__ is live
