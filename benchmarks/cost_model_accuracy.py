@@ -14,6 +14,10 @@ the callables Thunder built for them), write the cost table and read it back, th
   step (loss = sum of the logits; adds the prologue's input checks, the cache lookup and
   torch.autograd's glue, which no op cost covers).
 
+The machine's speed drifts (on a shared CPU, 1.5x within minutes), so a table profiled once and a
+step measured later compare two speeds: the benchmark runs `--rounds` rounds of (profile, then
+measure the step at once), takes every ratio within its round, and prints the median and range.
+
     .venv/bin/python benchmarks/cost_model_accuracy.py --seq 32 512 --threads 1 [--per-op]
     .venv/bin/python benchmarks/cost_model_accuracy.py --seq 512 --executors fused-sdpa torch-compile nvfuser-standin
 
@@ -76,35 +80,40 @@ def _computation_inputs(jitted, inputs) -> tuple:
     return entry, recorded[0]
 
 
-def measure_step(model, inputs, executors, repeats: int) -> MeasuredStep:
-    """Interleaved rounds of one whole step (loss = sum of the logits) and one direct run of the
-    forward and backward traces (cotangents of ones, as the sum's backward gives)."""
-    jitted = thunder.jit(model, executors=executors)
-    jitted(*inputs).sum().backward()
-    entry, args = _computation_inputs(jitted, inputs)
+class StepRunner:
+    """One compiled Thunder step of `model`, measured on demand: interleaved rounds of one whole step
+    (loss = sum of the logits) and one direct run of the forward and backward traces (cotangents of
+    ones, as the sum's backward gives)."""
 
-    def step() -> float:
+    def __init__(self, model, inputs, executors):
+        self.inputs = inputs
+        self.jitted = thunder.jit(model, executors=executors)
+        self.jitted(*inputs).sum().backward()
+        self.entry, self.args = _computation_inputs(self.jitted, inputs)
+
+    def step(self) -> float:
         start = time.perf_counter()
-        jitted(*inputs).sum().backward()
+        self.jitted(*self.inputs).sum().backward()
         return time.perf_counter() - start
 
-    def traces() -> tuple[float, float]:
+    def traces(self) -> tuple[float, float]:
         start = time.perf_counter()
-        data, (saved_tensors, saved_other) = entry.computation_fn(*args)
+        data, (saved_tensors, saved_other) = self.entry.computation_fn(*self.args)
         forward_s = time.perf_counter() - start
         cotangents = [torch.ones_like(t) for t in data["flat_output"]]
         start = time.perf_counter()
-        entry.backward_fn([list(saved_tensors), list(saved_other)], cotangents)
+        self.entry.backward_fn([list(saved_tensors), list(saved_other)], cotangents)
         return forward_s, time.perf_counter() - start
 
-    for _ in range(3):
-        step(), traces()
-    steps, runs = [], []
-    for _ in range(repeats):
-        steps.append(step())
-        runs.append(traces())
-    return MeasuredStep(step_s=statistics.median(steps), forward_s=statistics.median(f for f, _ in runs),
-                        backward_s=statistics.median(b for _, b in runs))
+    def measure(self, repeats: int) -> MeasuredStep:
+        for _ in range(3):
+            self.step(), self.traces()
+        steps, runs = [], []
+        for _ in range(repeats):
+            steps.append(self.step())
+            runs.append(self.traces())
+        return MeasuredStep(step_s=statistics.median(steps), forward_s=statistics.median(f for f, _ in runs),
+                            backward_s=statistics.median(b for _, b in runs))
 
 
 def forward_spearman(graph, comparison) -> float:
@@ -123,26 +132,56 @@ def _profile(graph, spec, method: str, args: argparse.Namespace, out_dir: Path, 
     return load_table(path, device="cpu"), profile_s, path
 
 
-def _report(graph, table, measured: MeasuredStep, method: str, profile_s: float, path: Path, per_op: bool) -> None:
+@dataclass(frozen=True)
+class RoundFigures:
+    """One round: a table profiled, then the step measured right after it."""
+
+    spearman: float
+    forward_spearman: float
+    table_vs_traces: float
+    forward: float
+    backward: float
+    table_vs_step: float
+    roofline_vs_traces: float
+
+
+def _round_figures(graph, table, measured: MeasuredStep) -> RoundFigures:
     comparison = compare(graph, table)
+    traces_s = measured.forward_s + measured.backward_s
+    predicted = CostModel(graph, table=table)
+    return RoundFigures(
+        spearman=comparison.spearman,
+        forward_spearman=forward_spearman(graph, comparison),
+        table_vs_traces=comparison.measured_total_s / traces_s,
+        forward=predicted.total_time_s(backward=False) / measured.forward_s,
+        backward=predicted.total_time_s(backward=True) / measured.backward_s,
+        table_vs_step=comparison.measured_total_s / measured.step_s,
+        roofline_vs_traces=comparison.predicted_total_s / traces_s,
+    )
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+
+
+def _report(graph, table, rounds: list[RoundFigures], method: str, profile_s: float, path: Path, per_op: bool) -> None:
     regions = [op for op in graph.ops if is_fusion_symbol(op.symbol)]
     region_keys = {op_key(op_args(graph, op)) for op in regions}
     print(f"\n--- ops timed {method}: {len(table.entries)} distinct ops and regions of {len(graph.ops)} ops in "
           f"{profile_s:.1f} s ({len(region_keys & set(table.entries))} of {len(region_keys)} distinct fusion regions "
-          f"timed whole, {len(regions)} regions in the graph); table {path} reloaded")
+          f"timed whole, {len(regions)} regions in the graph); last table {path} reloaded")
     for key, reason in table.skipped:
         print(f"  skipped {key[:100]}: {reason}")
-    print(format_comparison(comparison, per_op=per_op))
-    print(f"Spearman over the forward ops and regions only: {forward_spearman(graph, comparison):.3f}")
-    traces_s = measured.forward_s + measured.backward_s
-    predicted = CostModel(graph, table=table)
-    print(f"measured table summed: {comparison.measured_total_s * 1e3:.3f} ms = "
-          f"{comparison.measured_total_s / traces_s:.3f} of the traces run directly "
-          f"(forward {predicted.total_time_s(backward=False) / measured.forward_s:.3f}, "
-          f"backward {predicted.total_time_s(backward=True) / measured.backward_s:.3f}), "
-          f"{comparison.measured_total_s / measured.step_s:.3f} of the whole step")
-    print(f"roofline summed: {comparison.predicted_total_s * 1e3:.3f} ms = {comparison.predicted_total_s / traces_s:.3f} "
-          f"of the traces run directly, {comparison.predicted_total_s / measured.step_s:.3f} of the whole step")
+    if per_op:
+        print(format_comparison(compare(graph, table)))
+    print(f"median (min-max) over {len(rounds)} rounds of a profile and the step measured right after it:")
+    print(f"  Spearman rank correlation, roofline vs measured per distinct op and region: "
+          f"{_spread([r.spearman for r in rounds])}; forward ops and regions only: "
+          f"{_spread([r.forward_spearman for r in rounds])}")
+    print(f"  measured table summed / traces run directly: {_spread([r.table_vs_traces for r in rounds])} "
+          f"(forward {_spread([r.forward for r in rounds])}, backward {_spread([r.backward for r in rounds])}); "
+          f"/ whole step: {_spread([r.table_vs_step for r in rounds])}")
+    print(f"  roofline summed / traces run directly: {_spread([r.roofline_vs_traces for r in rounds])}")
 
 
 def run(seq: int, executors_name: str, args: argparse.Namespace, out_dir: Path) -> None:
@@ -150,15 +189,28 @@ def run(seq: int, executors_name: str, args: argparse.Namespace, out_dir: Path) 
     model, inputs = build_model(spec)
     executors = executors_for(executors_name)
     graph = analyze(model, *inputs, executors=executors)
-    tables = {m: _profile(graph, spec, m, args, out_dir, f"tiny-llama-seq{seq}-{executors_name}") for m in args.methods}
-    measured = measure_step(model, inputs, executors, args.step_repeats)
+    runner = StepRunner(model, inputs, executors)
+    figures = {m: [] for m in args.methods}
+    measured_steps, last_tables = [], {}
+    # the machine's speed drifts (1.5x within minutes on a shared CPU): each round profiles, then
+    # measures the step at once, and every ratio is taken within its round
+    for _ in range(args.rounds):
+        for method in args.methods:
+            table, profile_s, path = _profile(graph, spec, method, args, out_dir, f"tiny-llama-seq{seq}-{executors_name}")
+            measured = runner.measure(args.step_repeats)
+            measured_steps.append(measured)
+            figures[method].append(_round_figures(graph, table, measured))
+            last_tables[method] = (table, profile_s, path)
     print(f"\n=== tiny Llama-2 ({args.n_layer} layer, seq {seq}, float32), executors {executors_name}, "
           f"{torch.get_num_threads()} thread(s) ===")
-    print(f"measured, median of {args.step_repeats} interleaved rounds: forward+backward traces run directly "
-          f"{(measured.forward_s + measured.backward_s) * 1e3:.3f} ms (forward {measured.forward_s * 1e3:.3f}, "
-          f"backward {measured.backward_s * 1e3:.3f}); whole Thunder step {measured.step_s * 1e3:.3f} ms")
-    for method, (table, profile_s, path) in tables.items():
-        _report(graph, table, measured, method, profile_s, path, args.per_op)
+    traces_ms = [1e3 * (m.forward_s + m.backward_s) for m in measured_steps]
+    print(f"measured, medians of {args.step_repeats} interleaved runs after each profile: forward+backward traces "
+          f"run directly {statistics.median(traces_ms):.3f} ms ({min(traces_ms):.3f}-{max(traces_ms):.3f} over "
+          f"{len(traces_ms)} measurements); whole Thunder step "
+          f"{1e3 * statistics.median(m.step_s for m in measured_steps):.3f} ms")
+    for method in args.methods:
+        table, profile_s, path = last_tables[method]
+        _report(graph, table, figures[method], method, profile_s, path, args.per_op)
 
 
 def main() -> None:
@@ -170,8 +222,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 on a shared machine)")
     parser.add_argument("--methods", nargs="+", default=list(TIMING_METHODS), choices=TIMING_METHODS,
                         help="how ops are timed (costmodels.timing.ProfileOptions.method), each reported")
-    parser.add_argument("--repeats", type=int, default=20, help="timed passes (in-order) or calls per op (loop)")
-    parser.add_argument("--step-repeats", type=int, default=20, help="timed training steps")
+    parser.add_argument("--repeats", type=int, default=10, help="timed passes (in-order) or calls per op (loop)")
+    parser.add_argument("--step-repeats", type=int, default=10, help="timed training steps after each profile")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="rounds of (profile, then measure the step); ratios are taken within a round")
     parser.add_argument("--per-op", action="store_true", help="print one line per distinct op")
     parser.add_argument("--out", type=Path, default=None, help="folder for the tables (default: a temp folder)")
     args = parser.parse_args()
