@@ -387,8 +387,8 @@ def roofline_time_s(cost: OpCost, spec: DeviceSpec) -> float:
     """Roofline time of one op: compute or memory bound, plus its launch overheads."""
     if cost.collective_calls:  # communication: the link's time, not the device's
         return collective_time_s(cost.network_bytes, cost.collective_calls, spec.interconnect)
-    if cost.kernels == 0:  # a torch view pays the dispatcher; Thunder bookkeeping pays nothing
-        return 0.0 if cost.formula == "free" else spec.view_overhead_s
+    if cost.kernels == 0:  # each torch view pays the dispatcher; Thunder bookkeeping pays nothing
+        return 0.0 if cost.formula == "free" else cost.views * spec.view_overhead_s
     compute_s = (
         cost.matrix_flops / spec.matrix_peak(cost.dtype)
         + (cost.vector_flops - cost.transcendentals) / spec.vector_peak(cost.dtype)

@@ -135,6 +135,8 @@ class OpCost:
         network_bytes: bytes this rank sends over the interconnect (collectives; 0 otherwise).
         collective_calls: collective calls issued (each pays the link's latency); an op with any
             is timed by the interconnect, not the roofline.
+        views: views an op without kernels makes (``split`` into three: 3), each paying the
+            dispatcher's view overhead.
     """
 
     flops: int
@@ -150,6 +152,7 @@ class OpCost:
     source: str = "formula"
     network_bytes: int = 0
     collective_calls: int = 0
+    views: int = 1
 
     @property
     def effective_flops(self) -> int:
@@ -299,7 +302,7 @@ def view_cost(name: str = "view") -> CostFormula:
 
     def formula(args: OpArgs) -> OpCost:
         if all(t.is_view for t in args.outputs):
-            return _cost(args, name, bytes_read=0, bytes_written=0, kernels=0)
+            return _cost(args, name, bytes_read=0, bytes_written=0, kernels=0, views=max(1, len(args.outputs)))
         copied = sum(t.nbytes for t in args.outputs if not t.is_view)
         return _cost(args, name, bytes_read=copied, bytes_written=copied)
 
