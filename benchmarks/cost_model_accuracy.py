@@ -6,6 +6,10 @@ the callables Thunder built for them), write the cost table and read it back, th
 
 * the Spearman rank correlation of roofline vs measured time per distinct op and region (the
   formulas' ranking), over all of them and over the forward ops alone (the recompute candidates);
+* per distinct op and region, each table's times and the roofline's against the same ops timed
+  inside the real training step (`remat_opt.step_timing.OpClock`: a clock read around every op of
+  the compiled traces): the Spearman rank correlation, and the summed in-step op times against
+  the traces run directly (what the clock itself adds);
 * for each timing method (`costmodels.timing.ProfileOptions.method`: ops timed in the step's order,
   or each alone in a loop), the forward+backward totals: the roofline sum and the measured table's sum (every op and region
   of the graph at its measured time) against two measurements of the same model, inputs and
@@ -30,6 +34,7 @@ from __future__ import annotations
 from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
 
 import argparse
+import math
 import statistics
 import tempfile
 import time
@@ -45,7 +50,8 @@ from remat_opt.models import ModelSpec, build_model
 
 from costmodels.timing import TIMING_METHODS, ProfileOptions
 from remat_opt.profiling import profile_graph
-from remat_opt.cost_report import compare, format_comparison, spearman
+from remat_opt.cost_report import compare, format_comparison, rank_agreement, spearman
+from remat_opt.step_timing import OpClock, time_ops_in_step
 from remat_opt.costing import CostModel, op_args
 from costmodels.formulas import is_fusion_symbol
 from costmodels.table import load_table, op_key, save_table
@@ -116,9 +122,34 @@ class StepRunner:
                             backward_s=statistics.median(b for _, b in runs))
 
 
+class ClockedStep:
+    """The same model compiled with an `OpClock`: every op's time inside a real training step."""
+
+    def __init__(self, model, inputs, executors, graph):
+        self.inputs, self.graph = inputs, graph
+        self.clock = OpClock()
+        self.jitted = thunder.jit(model, executors=executors, transforms=[self.clock])
+
+    def step(self) -> None:
+        self.jitted(*self.inputs).sum().backward()
+
+    def op_times(self, steps: int) -> dict[str, float]:
+        """op key -> median seconds in the step (`time_ops_in_step`)."""
+        return time_ops_in_step(self.step, self.graph, self.clock, steps=steps)
+
+
+def _forward_keys(graph) -> set[str]:
+    return {op_key(op_args(graph, op)) for op in graph.forward_ops}
+
+
+def _summed(graph, times: dict[str, float]) -> float:
+    """Every op of the graph at its key's time (repeats counted)."""
+    return sum(times[op_key(op_args(graph, op))] for op in graph.ops)
+
+
 def forward_spearman(graph, comparison) -> float:
     """Spearman of roofline vs measured over the distinct forward ops and regions (the candidates)."""
-    forward_keys = {op_key(op_args(graph, op)) for op in graph.forward_ops}
+    forward_keys = _forward_keys(graph)
     rows = [r for r in comparison.rows if r[0] in forward_keys]
     return spearman([r[2] for r in rows], [r[3] for r in rows]) if len(rows) > 1 else float("nan")
 
@@ -143,13 +174,23 @@ class RoundFigures:
     backward: float
     table_vs_step: float
     roofline_vs_traces: float
+    table_vs_in_step: float  # Spearman, table vs the ops timed inside the step
+    forward_table_vs_in_step: float
+    roofline_vs_in_step: float
+    in_step_vs_traces: float  # summed in-step op times / traces run directly
 
 
-def _round_figures(graph, table, measured: MeasuredStep) -> RoundFigures:
+def _round_figures(graph, table, measured: MeasuredStep, in_step: dict[str, float]) -> RoundFigures:
     comparison = compare(graph, table)
     traces_s = measured.forward_s + measured.backward_s
     predicted = CostModel(graph, table=table)
+    table_s = {r[0]: r[3] for r in comparison.rows}
+    roofline_s = {r[0]: r[2] for r in comparison.rows}
     return RoundFigures(
+        table_vs_in_step=rank_agreement(table_s, in_step),
+        forward_table_vs_in_step=rank_agreement(table_s, in_step, _forward_keys(graph)),
+        roofline_vs_in_step=rank_agreement(roofline_s, in_step),
+        in_step_vs_traces=_summed(graph, in_step) / traces_s,
         spearman=comparison.spearman,
         forward_spearman=forward_spearman(graph, comparison),
         table_vs_traces=comparison.measured_total_s / traces_s,
@@ -164,7 +205,16 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
 
 
-def _report(graph, table, rounds: list[RoundFigures], method: str, profile_s: float, path: Path, per_op: bool) -> None:
+def _worst_in_step(table_s: dict[str, float], in_step: dict[str, float], count: int = 15) -> str:
+    """The ops whose table time is furthest from their in-step time (by ratio), worst first."""
+    keys = sorted((k for k in table_s if k in in_step), key=lambda k: -abs(math.log(table_s[k] / in_step[k])))
+    lines = [f"{'table_us':>9} {'in_step_us':>10} {'ratio':>6}  op (furthest from its in-step time first)"]
+    lines += [f"{1e6 * table_s[k]:9.1f} {1e6 * in_step[k]:10.1f} {table_s[k] / in_step[k]:6.2f}  {k[:120]}" for k in keys[:count]]
+    return "\n".join(lines)
+
+
+def _report(graph, table, rounds: list[RoundFigures], method: str, profile_s: float, path: Path, per_op: bool,
+            in_step: dict[str, float]) -> None:
     regions = [op for op in graph.ops if is_fusion_symbol(op.symbol)]
     region_keys = {op_key(op_args(graph, op)) for op in regions}
     print(f"\n--- ops timed {method}: {len(table.entries)} distinct ops and regions of {len(graph.ops)} ops in "
@@ -173,7 +223,9 @@ def _report(graph, table, rounds: list[RoundFigures], method: str, profile_s: fl
     for key, reason in table.skipped:
         print(f"  skipped {key[:100]}: {reason}")
     if per_op:
-        print(format_comparison(compare(graph, table)))
+        comparison = compare(graph, table)
+        print(format_comparison(comparison))
+        print(_worst_in_step({r[0]: r[3] for r in comparison.rows}, in_step))
     print(f"median (min-max) over {len(rounds)} rounds of a profile and the step measured right after it:")
     print(f"  Spearman rank correlation, roofline vs measured per distinct op and region: "
           f"{_spread([r.spearman for r in rounds])}; forward ops and regions only: "
@@ -182,6 +234,11 @@ def _report(graph, table, rounds: list[RoundFigures], method: str, profile_s: fl
           f"(forward {_spread([r.forward for r in rounds])}, backward {_spread([r.backward for r in rounds])}); "
           f"/ whole step: {_spread([r.table_vs_step for r in rounds])}")
     print(f"  roofline summed / traces run directly: {_spread([r.roofline_vs_traces for r in rounds])}")
+    print(f"  per distinct op and region against the same ops timed inside the training step: Spearman of the "
+          f"table {_spread([r.table_vs_in_step for r in rounds])} (forward ops and regions "
+          f"{_spread([r.forward_table_vs_in_step for r in rounds])}), of the roofline "
+          f"{_spread([r.roofline_vs_in_step for r in rounds])}; in-step op times summed / traces run directly "
+          f"{_spread([r.in_step_vs_traces for r in rounds])}")
 
 
 def run(seq: int, executors_name: str, args: argparse.Namespace, out_dir: Path) -> None:
@@ -190,6 +247,7 @@ def run(seq: int, executors_name: str, args: argparse.Namespace, out_dir: Path) 
     executors = executors_for(executors_name)
     graph = analyze(model, *inputs, executors=executors)
     runner = StepRunner(model, inputs, executors)
+    clocked = ClockedStep(model, inputs, executors, graph)
     figures = {m: [] for m in args.methods}
     measured_steps, last_tables = [], {}
     # the machine's speed drifts (1.5x within minutes on a shared CPU): each round profiles, then
@@ -198,9 +256,10 @@ def run(seq: int, executors_name: str, args: argparse.Namespace, out_dir: Path) 
         for method in args.methods:
             table, profile_s, path = _profile(graph, spec, method, args, out_dir, f"tiny-llama-seq{seq}-{executors_name}")
             measured = runner.measure(args.step_repeats)
+            in_step = clocked.op_times(args.step_repeats)
             measured_steps.append(measured)
-            figures[method].append(_round_figures(graph, table, measured))
-            last_tables[method] = (table, profile_s, path)
+            figures[method].append(_round_figures(graph, table, measured, in_step))
+            last_tables[method] = (table, profile_s, path, in_step)
     print(f"\n=== tiny Llama-2 ({args.n_layer} layer, seq {seq}, float32), executors {executors_name}, "
           f"{torch.get_num_threads()} thread(s) ===")
     traces_ms = [1e3 * (m.forward_s + m.backward_s) for m in measured_steps]
@@ -209,8 +268,8 @@ def run(seq: int, executors_name: str, args: argparse.Namespace, out_dir: Path) 
           f"{len(traces_ms)} measurements); whole Thunder step "
           f"{1e3 * statistics.median(m.step_s for m in measured_steps):.3f} ms")
     for method in args.methods:
-        table, profile_s, path = last_tables[method]
-        _report(graph, table, figures[method], method, profile_s, path, args.per_op)
+        table, profile_s, path, in_step = last_tables[method]
+        _report(graph, table, figures[method], method, profile_s, path, args.per_op, in_step)
 
 
 def main() -> None:

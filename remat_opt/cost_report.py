@@ -37,6 +37,15 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return cov / var if var else float("nan")
 
 
+def rank_agreement(predicted_s: dict[str, float], measured_s: dict[str, float], keys=None) -> float:
+    """Spearman of two per-key time maps (e.g. a cost table's and the in-step times of
+    `remat_opt.step_timing`) over the keys both have, and only those in `keys` when given."""
+    shared = [k for k in predicted_s if k in measured_s and (keys is None or k in keys)]
+    if len(shared) < 2:
+        return float("nan")
+    return spearman([predicted_s[k] for k in shared], [measured_s[k] for k in shared])
+
+
 @dataclass(frozen=True, slots=True)
 class Comparison:
     """Roofline prediction against measurement, per distinct op and in total.

@@ -284,7 +284,7 @@ def _replay_pass(state: _Replay, ops: list, regions: dict[str, RegionCall], resu
 
 
 @contextlib.contextmanager
-def _gc_paused():
+def gc_paused():
     """Python's cyclic garbage collector paused while ops are timed: it runs after a count of
     allocations, so a collection would fall inside some op's timed call and add its time to that op.
     Restored as it was, also when the replay fails."""
@@ -336,7 +336,7 @@ def replay(
         timing, passes = _LoopTiming(device, options), 1
     else:
         timing, passes = _InOrderTiming(device), options.warmup + options.repeats
-    with torch.no_grad(), _gc_paused():
+    with torch.no_grad(), gc_paused():
         for index in range(passes):
             if index > 0 and deadline_s is not None and time.perf_counter() >= deadline_s:
                 break

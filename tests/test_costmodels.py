@@ -455,6 +455,17 @@ def test_a_cpu_table_cannot_price_a_gpu(tiny_graph):
         CostModel(tiny_graph, "H100", table)
 
 
+def test_rank_agreement_compares_only_the_keys_both_maps_have():
+    from remat_opt.cost_report import rank_agreement
+
+    table_s = {"a": 1.0, "b": 2.0, "c": 3.0, "only-table": 0.0}
+    in_step_s = {"a": 10.0, "b": 30.0, "c": 20.0, "only-step": 99.0}
+    # Over a, b, c: ranks (1, 2, 3) against (1, 3, 2): 1 - 6 * 2 / 24.
+    assert rank_agreement(table_s, in_step_s) == pytest.approx(0.5)
+    assert rank_agreement(table_s, in_step_s, keys={"a", "b"}) == pytest.approx(1.0)
+    assert math.isnan(rank_agreement(table_s, in_step_s, keys={"a"}))
+
+
 def test_spearman_ranks_with_ties():
     from remat_opt.cost_report import spearman
 
