@@ -128,6 +128,12 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", default=None, type=_strategy,
                         help="fsdp (Thunder's FSDPTransform: sharded weights, re-gathers priced by the spec's "
                              "interconnect) or ddp (DDPTransform)")
+    parser.add_argument("--collectives-in-flight", type=_count, default=None, metavar="K",
+                        help="with --strategy fsdp: at most K all-gathers (forward) and reduce-scatters (backward) "
+                             "in flight beside the one in use, as CostRemat(collectives_in_flight=K) runs them "
+                             "(default: Thunder's order, every all-gather at the forward's start and every "
+                             "reduce-scatter waited for at the backward's end: every unsharded weight or gradient "
+                             "alive at once)")
 
 
 def _strategy(text: str) -> str:
@@ -188,13 +194,16 @@ def analyze_from_args(args: argparse.Namespace):
 def _parallel(args: argparse.Namespace):
     """The `DataParallel` of ``--world-size``/``--strategy`` (None without them)."""
     world_size, strategy = getattr(args, "world_size", None), getattr(args, "strategy", None)
+    in_flight = getattr(args, "collectives_in_flight", None)
+    if in_flight is not None and strategy != "fsdp":
+        raise ValueError("--collectives-in-flight goes with --strategy fsdp (it places FSDP's all-gathers and reduce-scatters)")
     if world_size is None and strategy is None:
         return None
     if world_size is None or strategy is None:
         raise ValueError("--world-size and --strategy go together: e.g. --world-size 8 --strategy fsdp")
     from remat_opt.data_parallel import DataParallel
 
-    return DataParallel(strategy, world_size)
+    return DataParallel(strategy, world_size, in_flight)
 
 
 def _traced_layers(args: argparse.Namespace, spec: ModelSpec) -> int:

@@ -20,24 +20,34 @@ from remat_opt import _compat  # noqa: F401  (before thunder)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from remat_opt.regather_order import check_in_flight  # noqa: E402
+
 STRATEGIES = ("fsdp", "ddp")
 
 
 @dataclass(frozen=True, slots=True)
 class DataParallel:
-    """How a model is split over ranks: `strategy` (``"fsdp"`` or ``"ddp"``) over `world_size` ranks."""
+    """How a model is split over ranks: `strategy` (``"fsdp"`` or ``"ddp"``) over `world_size` ranks;
+    with FSDP, at most `collectives_in_flight` all-gathers and reduce-scatters in flight beside the one
+    in use, as ``CostRemat(collectives_in_flight=...)`` runs them (None: Thunder's order)."""
 
     strategy: str
     world_size: int
+    collectives_in_flight: int | None = None
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
             raise ValueError(f"unknown data-parallel strategy {self.strategy!r}; use one of: {', '.join(STRATEGIES)}")
         if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
             raise ValueError(f"world size must be a positive integer, got {self.world_size!r}")
+        check_in_flight(self.collectives_in_flight)
+        if self.collectives_in_flight is not None and self.strategy != "fsdp":
+            raise ValueError(f"collectives_in_flight applies to FSDP's all-gathers and reduce-scatters; {self.strategy.upper()} "
+                             "has neither")
 
     def describe(self) -> str:
-        return f"{self.strategy.upper()} over {self.world_size} ranks (per rank)"
+        in_flight = "" if self.collectives_in_flight is None else f", {self.collectives_in_flight} collectives in flight"
+        return f"{self.strategy.upper()} over {self.world_size} ranks (per rank{in_flight})"
 
 
 def check_shardable(model: torch.nn.Module, world_size: int) -> None:

@@ -48,7 +48,7 @@ from costmodels.formulas import (  # noqa: E402
     WORLD_SIZE_ATTR,
 )
 from remat_opt import graph as g  # noqa: E402
-from remat_opt.regather_order import place_regathers_before_use  # noqa: E402
+from remat_opt.regather_order import place_regathers_before_use, limit_collectives_in_flight  # noqa: E402
 from remat_opt.op_semantics import FallbackWork, draws_random_itself, fallback_work, is_random  # noqa: E402
 from remat_opt.storage import StorageTracker, member_workspace_bytes, proxy_bytes  # noqa: E402
 
@@ -143,11 +143,14 @@ def _all_proxies(trace: TraceCtx) -> dict[int, Proxy]:
     return found
 
 
-def dry_run(computation_trace: TraceCtx, executors_list) -> tuple[TraceCtx, TraceCtx]:
+def dry_run(computation_trace: TraceCtx, executors_list, collectives_in_flight: int | None = None,
+            ) -> tuple[TraceCtx, TraceCtx | None]:
     """Runs autodiff, the executors' passes and the split on an isolated, marked copy.
 
     Must be called inside a Thunder compilation (a pre-prologue hook): executor grad rules are
-    looked up through the compile context.
+    looked up through the compile context. FSDP's collectives are placed as CostRemat places them
+    (`remat_opt.regather_order`): backward re-gathers before first use; with `collectives_in_flight`,
+    at most that many all-gathers or reduce-scatters in flight (None: Thunder's order).
 
     Returns:
         The final forward and backward traces (before `del` insertion), with origin markers.
@@ -165,7 +168,10 @@ def dry_run(computation_trace: TraceCtx, executors_list) -> tuple[TraceCtx, Trac
         trace = _sort_waits_as_thunder_does(trace, executors_list)
         trace = transform_for_execution(trace, executors_list=executors_list, use_del_last_used=False)[-1]
         forward, backward = split_into_forward_and_backward(trace)
-        return forward, backward if backward is None else place_regathers_before_use(backward)  # as CostRemat does
+        forward = limit_collectives_in_flight(forward, collectives_in_flight)  # as CostRemat does
+        if backward is not None:
+            backward = place_regathers_before_use(limit_collectives_in_flight(backward, collectives_in_flight))
+        return forward, backward
     finally:
         for key, p in proxies.items():
             p.tags.clear()
@@ -494,8 +500,8 @@ class GraphCapture(Transform):
             the model). With False the compilation proceeds, unchanged.
     """
 
-    def __init__(self, *, stop: bool = False):
-        self.stop = stop
+    def __init__(self, *, stop: bool = False, collectives_in_flight: int | None = None):
+        self.stop, self.collectives_in_flight = stop, collectives_in_flight
         self.graph: g.JointGraph | None = None
         self.computation_trace: TraceCtx | None = None  # the pre-autodiff trace that tags go on
         self.forward_trace: TraceCtx | None = None
@@ -505,7 +511,7 @@ class GraphCapture(Transform):
         executors_list = kwargs.get("executors_list") or thunder.get_default_executors()
         self.computation_trace = computation_trace
         if needs_backward(computation_trace):
-            self.forward_trace, self.backward_trace = dry_run(computation_trace, executors_list)
+            self.forward_trace, self.backward_trace = dry_run(computation_trace, executors_list, self.collectives_in_flight)
         if self.backward_trace is None:
             raise ValueError("no backward: no input or parameter requires grad, nothing is saved for backward")
         names = tuple(ex.name for ex in executors_list if not ex.name.startswith("__ad_hoc"))
@@ -515,7 +521,8 @@ class GraphCapture(Transform):
         return prologue_trace, computation_trace, epilogue_trace
 
 
-def analyze(fn, *example_inputs, executors=None, transforms=(), **example_kwargs) -> g.JointGraph:
+def analyze(fn, *example_inputs, executors=None, transforms=(), collectives_in_flight: int | None = None,
+            **example_kwargs) -> g.JointGraph:
     """The joint forward-backward graph of `fn` as Thunder would compile it, without running it.
 
     Works with inputs and parameters on ``torch.device("meta")``.
@@ -526,12 +533,14 @@ def analyze(fn, *example_inputs, executors=None, transforms=(), **example_kwargs
             require grad).
         executors: Thunder executors, in priority order (Thunder's defaults when None).
         transforms: Thunder transforms to run first (FSDPTransform, DDPTransform: the graph is one rank's).
+        collectives_in_flight: FSDP's all-gathers and reduce-scatters in flight at most, as
+            ``CostRemat(collectives_in_flight=...)`` runs them (None: Thunder's order).
         **example_kwargs: keyword inputs.
 
     Returns:
         The `JointGraph`.
     """
-    capture = GraphCapture(stop=True)
+    capture = GraphCapture(stop=True, collectives_in_flight=collectives_in_flight)
     jitted = thunder.jit(fn, transforms=[*transforms, capture], executors=executors)
     try:
         jitted(*example_inputs, **example_kwargs)

@@ -69,7 +69,8 @@ def _analyze(model, inputs, executors, parallel, device: str) -> JointGraph:
         check_shardable(model, parallel.world_size)
     with fake_process_group(parallel.world_size):
         transform = parallel_transform(parallel.strategy, torch.device(device))
-        return analyze(model, *inputs, executors=executors, transforms=[transform])
+        return analyze(model, *inputs, executors=executors, transforms=[transform],
+                       collectives_in_flight=parallel.collectives_in_flight)
 
 
 def analyze_model(

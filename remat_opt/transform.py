@@ -35,7 +35,7 @@ from remat_opt.distributed import check_transform_order, for_ranks, regather_uni
 from remat_opt.errors import InfeasibleBudgetError  # noqa: E402
 from remat_opt import fusion_search as fs  # noqa: E402
 from remat_opt.plan import RECOMPUTE, SAVE, simulate_peak_bytes  # noqa: E402
-from remat_opt.regather_order import place_regathers_before_use  # noqa: E402
+from remat_opt.regather_order import ALL_GATHER, check_in_flight, place_regathers_before_use, limit_collectives_in_flight  # noqa: E402
 from remat_opt.planning import FusionOutcome, PlanRequest, PlannedStep, plan_step  # noqa: E402
 
 # The plan behind each computation trace CostRemat returned. Thunder keeps that trace in its cache
@@ -121,6 +121,12 @@ class CostRemat(Transform):
             ``"cpu"``); default: the table's device, else the trace's device (a CPU trace: the
             nominal CPU; a CUDA trace: the sheet of that GPU, found by its name).
         time_limit_s: solver time limit per compilation.
+        collectives_in_flight: under Thunder's FSDP, at most this many all-gathers (forward) and
+            reduce-scatters (backward) in flight beside the one in use (0: no overlap). None (the
+            default) keeps Thunder's order, which issues every all-gather at the forward's start
+            and waits for every reduce-scatter at the backward's end: every unsharded weight, then
+            every unsharded gradient, is alive at once, a floor no plan goes below. The plan is
+            made for the order chosen; a small number trades overlap of communication for memory.
 
     With neither budget: the least memory among plans with no extra recompute time. A budget
     below the least memory of any plan raises `InfeasibleBudgetError` at compile time, naming the
@@ -136,6 +142,7 @@ class CostRemat(Transform):
         cost_table=None,
         device_spec: str | None = None,
         time_limit_s: float = 10.0,
+        collectives_in_flight: int | None = None,
     ):
         self.request = PlanRequest.from_gb(
             budget_gb=budget_gb,
@@ -145,6 +152,8 @@ class CostRemat(Transform):
             device_spec=device_spec,
             time_limit_s=time_limit_s,
         )
+        self.collectives_in_flight = check_in_flight(collectives_in_flight)
+        self._dry_run = functools.partial(extract.dry_run, collectives_in_flight=collectives_in_flight)
         self._cache: dict[tuple, PlannedStep] = {}
         # ThunderFX: the saved bytes of the latest plan of each Dynamo subgraph this transform planned
         self._subgraph_saved_bytes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -166,20 +175,27 @@ class CostRemat(Transform):
         key = (_trace_key(computation_trace), names)
         step = self._cache.get(key)
         if step is None:
-            forward_trace, backward_trace = extract.dry_run(computation_trace, executors_list)
+            forward_trace, backward_trace = self._dry_run(computation_trace, executors_list)
             if backward_trace is None:
                 return prologue_trace, _recorded(computation_trace, _NO_BACKWARD), epilogue_trace
             graph = region_graph = extract.build_joint_graph(forward_trace, backward_trace, names)
             if _has_fusion(graph):  # Thunder's fusion pass re-partitions after the tags: plan through it
-                through = _ThroughFusion(computation_trace, executors_list, names, graph)
+                through = _ThroughFusion(computation_trace, executors_list, names, graph, self._dry_run)
                 graph, planner = through.graph, through.plan
             else:
                 planner, region_graph = functools.partial(plan_step, graph), None
             request, costs_note = with_auto_costs(self.request, graph, region_graph)
             if region_graph is not None:  # regions the table timed whole price the unfused ops (costing)
                 request = replace(request, region_graph=region_graph)
-            step = for_ranks(self._plan(graph, planner, _thunderfx_subgraph(), request))
-            step = _peak_in_thunders_order(step, computation_trace, executors_list, names)
+            try:
+                step = for_ranks(self._plan(graph, planner, _thunderfx_subgraph(), request))
+            except InfeasibleBudgetError as e:
+                if self.collectives_in_flight is None and request.peak_budget_bytes is not None and _gathers(graph):
+                    e.add_note("CostRemat: Thunder issues every FSDP all-gather at the forward's start and waits for "
+                               "every reduce-scatter at the backward's end, a floor no plan goes below; "
+                               "CostRemat(collectives_in_flight=1) lowers it")
+                raise
+            step = _peak_in_thunders_order(step, computation_trace, executors_list, names, self._dry_run)
             if costs_note:
                 step = replace(step, remarks=(*step.remarks, costs_note))
             self._cache[key] = step
@@ -194,9 +210,11 @@ class CostRemat(Transform):
         return prologue_trace, _recorded(computation_trace, step), epilogue_trace
 
     def transform_trace_post_optimization(self, computation_trace, **kwargs):
-        """The backward with each FSDP re-gather just before its first use, as the plan's peak assumes
-        (Thunder issues them all at the backward's start); other traces unchanged."""
-        return place_regathers_before_use(computation_trace)
+        """FSDP's collectives where the plan's peak has them: backward re-gathers just before first use
+        (Thunder issues them all at the backward's start), and with `collectives_in_flight`, at most
+        that many all-gathers or reduce-scatters in flight (`remat_opt.regather_order`)."""
+        trace = limit_collectives_in_flight(computation_trace, self.collectives_in_flight)
+        return place_regathers_before_use(trace)
 
     def _plan(self, graph, planner, subgraph, request: PlanRequest) -> PlannedStep:
         """Plans one compilation. Under ThunderFX the model's budget is shared by Dynamo's subgraphs:
@@ -225,7 +243,12 @@ class CostRemat(Transform):
             raise
 
     def __repr__(self) -> str:
-        return f"CostRemat({self.request.describe()})"
+        in_flight = "" if self.collectives_in_flight is None else f", collectives_in_flight={self.collectives_in_flight}"
+        return f"CostRemat({self.request.describe()}{in_flight})"
+
+
+def _gathers(graph) -> bool:
+    return any(op.symbol == ALL_GATHER for op in graph.ops)
 
 
 def _has_fusion(graph) -> bool:
@@ -237,13 +260,13 @@ class _ThroughFusion:
     plans on the unfused joint graph and Thunder's own pass realizes each plan in a dry run, in a
     loop (`remat_opt.fusion_search`); the realized bytes are the prediction."""
 
-    def __init__(self, computation_trace, executors_list, names, fused_graph):
+    def __init__(self, computation_trace, executors_list, names, fused_graph, dry_run=extract.dry_run):
         from thunder.extend import FusionExecutor
 
         self.trace, self.executors, self.names = computation_trace, executors_list, names
-        self.fused_graph = fused_graph
+        self.fused_graph, self.dry_run = fused_graph, dry_run
         unfused = [ex for ex in executors_list if not isinstance(ex, FusionExecutor)]
-        self.graph = extract.build_joint_graph(*extract.dry_run(computation_trace, unfused), names)
+        self.graph = extract.build_joint_graph(*dry_run(computation_trace, unfused), names)
         self._realized: dict[tuple[str, ...], object] = {}  # tag targets -> realized fused graph
         self._tried_units: set[str] = set()  # units `refine` added once (for the saved tensors they name)
 
@@ -251,7 +274,7 @@ class _ThroughFusion:
         key = tuple(sorted(tag_targets))
         if key not in self._realized:
             self._realized[key] = self.fused_graph if not key else _tagged_dry_run(
-                self.trace, self.executors, self.names, key)
+                self.trace, self.executors, self.names, key, self.dry_run)
         return self._realized[key]
 
     def realize(self, step: PlannedStep) -> fs.Realized:
@@ -333,7 +356,8 @@ class _ThroughFusion:
 _UNKNOWN_PEAK_BYTES = 2**62
 
 
-def _peak_in_thunders_order(step: PlannedStep, computation_trace, executors_list, names) -> PlannedStep:
+def _peak_in_thunders_order(step: PlannedStep, computation_trace, executors_list, names,
+                            dry_run=extract.dry_run) -> PlannedStep:
     """A plan that re-gathers FSDP weights, with the step peak of the order Thunder runs it in.
 
     With re-gather tags, Thunder's wait sorting also issues some gradients' reduce-scatters in the
@@ -343,7 +367,7 @@ def _peak_in_thunders_order(step: PlannedStep, computation_trace, executors_list
     """
     if step.fusion is not None or not regather_units(step):
         return step
-    graph = _tagged_dry_run(computation_trace, executors_list, names, step.plan.recomputed_tag_targets)
+    graph = _tagged_dry_run(computation_trace, executors_list, names, step.plan.recomputed_tag_targets, dry_run)
     try:
         peak_bytes = simulate_peak_bytes(graph)
     except ValueError:  # a name the backward defines again: keep the solver's figure
@@ -363,14 +387,14 @@ def _untagged(plan):
                    decisions=tuple(replace(d, action=SAVE) if d.action == RECOMPUTE else d for d in plan.decisions))
 
 
-def _tagged_dry_run(computation_trace, executors_list, names, tag_targets):
+def _tagged_dry_run(computation_trace, executors_list, names, tag_targets, dry_run=extract.dry_run):
     """The joint graph Thunder's passes make of `computation_trace` with `tag_targets` tagged; the
     tags are removed again."""
     proxies = _proxies_by_name(computation_trace)
     added = [p for t in tag_targets for p in proxies.get(t, ()) if ProxyTag.RECOMPUTE_IN_BACKWARD not in p.tags]
     apply_recompute_tags(computation_trace, tag_targets)
     try:
-        return extract.build_joint_graph(*extract.dry_run(computation_trace, executors_list), names)
+        return extract.build_joint_graph(*dry_run(computation_trace, executors_list), names)
     finally:
         for p in added:
             p.tags.discard(ProxyTag.RECOMPUTE_IN_BACKWARD)

@@ -92,8 +92,9 @@ def _order_error(strategy: str, model_spec) -> str:
 
 
 def _run_case(strategy: str, budget_bytes: int | None, rank: int, eager: dict, executors, model_spec, *,
-              reference: bool = False, peak: bool = False) -> dict:
-    """One compilation and step; `budget_bytes` bounds the saved bytes, or with `peak` the step peak."""
+              reference: bool = False, peak: bool = False, in_flight: int | None = None) -> dict:
+    """One compilation and step; `budget_bytes` bounds the saved bytes, or with `peak` the step peak;
+    `in_flight`: CostRemat's ``collectives_in_flight``."""
     import thunder
 
     from remat_opt.measure import measure_saved_bytes, measure_step_peak_bytes
@@ -101,13 +102,14 @@ def _run_case(strategy: str, budget_bytes: int | None, rank: int, eager: dict, e
 
     model, inputs = _model(*model_spec)
     budget_gb = None if budget_bytes is None else budget_bytes / 1e9
-    transform = CostRemat(**{"budget_gb" if peak else "activation_budget_gb": budget_gb}, device_spec="cpu")
+    transform = CostRemat(**{"budget_gb" if peak else "activation_budget_gb": budget_gb}, device_spec="cpu",
+                          collectives_in_flight=in_flight)
     jitted = thunder.jit(model, transforms=[_parallel_transform(strategy), transform], executors=executors)
     measured = measure_saved_bytes(jitted, *inputs)
     measured.output.float().sum().backward()
     step = last_planned_step(jitted)
     grad_error, grad_relative_error = _grad_errors(strategy, jitted, eager, rank)
-    measure_peak = strategy == "ddp" or os.environ.get("REMAT_OPT_MEASURE_FSDP_PEAK") == "1"  # the benchmark's
+    measure_peak = strategy == "ddp" or in_flight is not None or os.environ.get("REMAT_OPT_MEASURE_FSDP_PEAK") == "1"
     peak_bytes = measure_step_peak_bytes(jitted, *inputs).peak_bytes if measure_peak else None
     from remat_opt.solvers import minimum_saved_bytes
     from remat_opt.solvers.ilp_bounds import minimum_peak_bytes
@@ -138,6 +140,22 @@ def _run_case(strategy: str, budget_bytes: int | None, rank: int, eager: dict, e
     }
 
 
+def _least_peak_bytes(strategy: str, executors, model_spec, in_flight: int | None) -> int:
+    """The least step peak CostRemat finds with `in_flight`, as the error of a 1 B budget names it."""
+    import thunder
+
+    from remat_opt.errors import InfeasibleBudgetError
+    from remat_opt.transform import CostRemat
+
+    model, inputs = _model(*model_spec)
+    transform = CostRemat(budget_gb=1e-9, device_spec="cpu", collectives_in_flight=in_flight)
+    try:
+        thunder.jit(model, transforms=[_parallel_transform(strategy), transform], executors=executors)(*inputs)
+    except InfeasibleBudgetError as e:
+        return e.minimum
+    raise AssertionError("a 1 B step-peak budget was met")
+
+
 def _budget(budget, ref: dict) -> tuple[int, bool]:
     """``(budget_bytes, is_a_peak_budget)`` of a case's budget, from its strategy's save-all run."""
     if isinstance(budget, tuple):  # ("peak", f): f of the way from the least step peak to save-all's
@@ -155,7 +173,10 @@ def run_rank(rank: int, port: int, out_dir: str, cases: list, model_spec: tuple 
     strategy: it finds save-all and the minimum; the least step peak too when a peak case follows),
     a fraction of save-all (``0.5``), ``"minimum"``, ``"below_keep"`` (1 B below the least any plan
     keeping every unsharded weight saves), ``("peak", f)`` (a step-peak budget f of the way from the
-    least peak to save-all's) or ``"order"`` (CostRemat before the data-parallel transform: the error).
+    least peak to save-all's), ``("in_flight", k)`` (``collectives_in_flight=k`` with a step-peak budget
+    1 B below the least peak of Thunder's order of collectives), ``("in_flight_least", k)`` (the same
+    at the least peak of its own order, which the error of a 1 B budget names) or ``"order"``
+    (CostRemat before the data-parallel transform: the error).
     """
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch
@@ -184,8 +205,16 @@ def run_rank(rank: int, port: int, out_dir: str, cases: list, model_spec: tuple 
                 reference[strategy] = result
                 results[label] = {**result, "budget_bytes": result["save_all_bytes"]}
                 continue
-            budget_bytes, peak = _budget(budget, reference[strategy])
-            result = _run_case(strategy, budget_bytes, rank, eager, executors, model_spec, peak=peak)
+            if isinstance(budget, tuple) and budget[0] in ("in_flight", "in_flight_least"):
+                in_flight = budget[1]
+                below_floor = reference[strategy]["least_peak_bytes"] - 1
+                budget_bytes = below_floor if budget[0] == "in_flight" else _least_peak_bytes(
+                    strategy, executors, model_spec, in_flight)
+                peak = True
+            else:
+                in_flight = None
+                budget_bytes, peak = _budget(budget, reference[strategy])
+            result = _run_case(strategy, budget_bytes, rank, eager, executors, model_spec, peak=peak, in_flight=in_flight)
             results[label] = {**result, "budget_bytes": budget_bytes, "peak_budget": peak}
     except Exception:
         results["error"] = traceback.format_exc()
@@ -194,7 +223,7 @@ def run_rank(rank: int, port: int, out_dir: str, cases: list, model_spec: tuple 
         dist.destroy_process_group()
 
 
-def spawn(cases: list, out_dir: str, timeout_s: float = 240.0, model_spec: tuple = (MODEL, None)) -> list[dict]:
+def spawn(cases: list, out_dir: str, timeout_s: float = 420.0, model_spec: tuple = (MODEL, None)) -> list[dict]:
     """Runs `cases` on 2 gloo ranks; returns each rank's results (raises on a hang or a crash)."""
     import torch.multiprocessing as mp
 

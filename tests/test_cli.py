@@ -42,13 +42,15 @@ def test_inspect_text_output(capsys):
         (["plan", *TINY, "--device-spec", "h100", "--world-size", "2", "--strategy", "zero3"],
          "unknown strategy 'zero3'; use one of: fsdp, ddp"),
         (["pareto", *TINY, "--device-spec", "h100", "--world-size", "2"], "--world-size and --strategy go together"),
+        (["plan", *TINY, "--device-spec", "h100", "--world-size", "2", "--strategy", "ddp", "--collectives-in-flight",
+          "1"], "--collectives-in-flight goes with --strategy fsdp"),
         (["plan", "Llama-2-7b-hf", "--tiny", "--n-layer", "5", "--device-spec", "h100", "--world-size", "2",
           "--strategy", "ddp"], "use --traced-layers 0"),
     ],
     ids=[
         "unknown-config", "failing-forward", "mixed-devices", "bad-factory", "missing-factory", "bad-seq",
         "traced-layers-too-few", "traced-layers-of-a-factory", "world-size-not-dividing", "unknown-strategy",
-        "world-size-alone", "deepen-data-parallel",
+        "world-size-alone", "in-flight-without-fsdp", "deepen-data-parallel",
     ],
 )
 def test_bad_input_gets_one_line_error(argv, message, capsys):

@@ -8,14 +8,28 @@ import pytest
 from remat_opt.data_parallel import DataParallel
 
 
-def test_fsdp_graph_of_4_ranks_on_meta_shards_every_weight_4_ways():
-    from costmodels.formulas import WORLD_SIZE_ATTR
+SPEC_ARGS = dict(name="Llama-2-7b-hf", n_layer=1, device="meta", tiny=True)
+
+
+def _fsdp_graph(world_size: int, in_flight: int | None = None):
     from remat_opt.model_graphs import analyze_spec
+    from remat_opt.models import ModelSpec
+
+    return analyze_spec(ModelSpec(**SPEC_ARGS), traced_layers=0, parallel=DataParallel("fsdp", world_size, in_flight))
+
+
+@pytest.fixture(scope="module")
+def fsdp_4_ranks():
+    return _fsdp_graph(4)
+
+
+def test_fsdp_graph_of_4_ranks_on_meta_shards_every_weight_4_ways(fsdp_4_ranks):
+    from costmodels.formulas import WORLD_SIZE_ATTR
     from remat_opt.models import ModelSpec, build_model
     from remat_opt.problem import is_regather_unit
 
-    spec = ModelSpec("Llama-2-7b-hf", n_layer=1, device="meta", tiny=True)
-    graph = analyze_spec(spec, traced_layers=0, parallel=DataParallel("fsdp", 4))
+    spec = ModelSpec(**SPEC_ARGS)
+    graph = fsdp_4_ranks
     gathers = [op for op in graph.forward_ops if op.symbol == "torch_all_gather_prim_impl"]
     model, _ = build_model(spec)
     assert len(gathers) == len(list(model.parameters()))
@@ -28,10 +42,62 @@ def test_fsdp_graph_of_4_ranks_on_meta_shards_every_weight_4_ways():
     assert all(is_regather_unit([op]) for op in gathers)  # each weight's all-gather may be re-gathered
 
 
-@pytest.mark.parametrize(("strategy", "world_size", "message"), [
-    ("zero3", 2, "unknown data-parallel strategy 'zero3'; use one of: fsdp, ddp"),
-    ("fsdp", 0, "world size must be a positive integer, got 0"),
+def _most_in_flight(ops, collective: str) -> tuple[int, int]:
+    """(how many `collective` ops there are, the most whose futures are not yet waited for at once)."""
+    pending, most, count = set(), 0, 0
+    for op in ops:
+        if op.symbol == collective:
+            pending.add(op.outputs[0])
+            count, most = count + 1, max(most, len(pending))
+        elif op.symbol == "torch_wait_prim_impl":
+            pending.discard(op.inputs[0])
+    return count, most
+
+
+def test_collectives_in_flight_bounds_fsdp_all_gathers_and_reduce_scatters(fsdp_4_ranks):
+    # Thunder's order: every all-gather issued at the forward's start, every reduce-scatter waited
+    # for at the backward's end
+    gathers, gathers_in_flight = _most_in_flight(fsdp_4_ranks.forward_ops, "torch_all_gather_prim_impl")
+    scatters, scatters_in_flight = _most_in_flight(fsdp_4_ranks.backward_ops, "torch_reduce_scatter_prim_impl")
+    assert gathers > 2 and gathers_in_flight == gathers
+    assert scatters > 2 and scatters_in_flight == scatters
+    limited = _fsdp_graph(4, in_flight=1)
+    assert _most_in_flight(limited.forward_ops, "torch_all_gather_prim_impl") == (gathers, 1)
+    assert _most_in_flight(limited.backward_ops, "torch_reduce_scatter_prim_impl") == (scatters, 1)
+    # the same ops, in another order
+    assert sorted(op.symbol for op in limited.ops) == sorted(op.symbol for op in fsdp_4_ranks.ops)
+
+
+@pytest.mark.parametrize(("strategy", "world_size", "in_flight", "message"), [
+    ("zero3", 2, None, "unknown data-parallel strategy 'zero3'; use one of: fsdp, ddp"),
+    ("fsdp", 0, None, "world size must be a positive integer, got 0"),
+    ("fsdp", 2, -1, "collectives_in_flight must be None .* or an integer >= 0 .*, got -1"),
+    ("ddp", 2, 1, "collectives_in_flight applies to FSDP's all-gathers and reduce-scatters; DDP has neither"),
 ])
-def test_bad_data_parallel_is_one_line(strategy, world_size, message):
+def test_bad_data_parallel_is_one_line(strategy, world_size, in_flight, message):
     with pytest.raises(ValueError, match=message):
-        DataParallel(strategy, world_size)
+        DataParallel(strategy, world_size, in_flight)
+
+
+def test_cost_remat_refuses_a_negative_collectives_in_flight():
+    from remat_opt import CostRemat
+
+    with pytest.raises(ValueError, match="collectives_in_flight must be None"):
+        CostRemat(collectives_in_flight=-2)
+
+
+def test_an_infeasible_fsdp_peak_budget_points_to_collectives_in_flight():
+    import thunder
+
+    from remat_opt import CostRemat, InfeasibleBudgetError
+    from remat_opt.data_parallel import fake_process_group, parallel_transform
+    from remat_opt.executors import executors_for
+    from remat_opt.models import ModelSpec, build_model
+
+    model, inputs = build_model(ModelSpec(**SPEC_ARGS))
+    with fake_process_group(2):
+        transforms = [parallel_transform("fsdp", model.lm_head.weight.device), CostRemat(budget_gb=1e-9, device_spec="H100")]
+        jitted = thunder.jit(model, transforms=transforms, executors=executors_for("fused-sdpa"))
+        with pytest.raises(InfeasibleBudgetError) as raised:
+            jitted(*inputs)  # planned at compile time, on meta: nothing runs
+    assert any("CostRemat(collectives_in_flight=1) lowers it" in note for note in raised.value.__notes__)

@@ -20,6 +20,7 @@ CASES = [
     ("ddp-save_all", "ddp", "save_all"),
     ("ddp-minimum", "ddp", "minimum"),
     ("fsdp-order", "fsdp", "order"),
+    ("fsdp-in_flight_least", "fsdp", ("in_flight_least", 1)),
 ]
 FULL_CASES = [
     ("fsdp-save_all", "fsdp", "save_all"),
@@ -33,6 +34,8 @@ FULL_CASES = [
     ("ddp-minimum", "ddp", "minimum"),
     ("ddp-peak_25%", "ddp", ("peak", 0.25)),
     ("ddp-peak_60%", "ddp", ("peak", 0.6)),
+    ("fsdp-in_flight", "fsdp", ("in_flight", 1)),
+    ("fsdp-in_flight_least", "fsdp", ("in_flight_least", 1)),
 ]
 LABELS = [label for label, _, budget in CASES if budget != "order"]
 
@@ -67,7 +70,8 @@ def test_gradients_equal_single_process_eager(ranks, label):
 def test_budget_below_save_all_recomputes(ranks, label):
     for result in ranks:
         case = result[label]
-        assert case["budget_bytes"] < case["save_all_bytes"]
+        save_all = result[label.split("-")[0] + "-save_all"]
+        assert case["budget_bytes"] < (save_all["predicted_peak_bytes"] if case["peak_budget"] else case["save_all_bytes"])
         assert case["tag_targets"], "a budget below save-all must recompute something"
 
 
@@ -105,3 +109,18 @@ def test_cost_remat_before_the_data_parallel_transform_is_a_one_line_error(ranks
     for result in ranks:
         message = result["fsdp-order"]["error_message"]
         assert "CostRemat comes before FSDPTransform" in message and "\n" not in message
+
+
+def test_collectives_in_flight_go_below_the_floor_of_thunders_order(ranks):
+    # Thunder issues every all-gather at the forward's start and waits for every reduce-scatter at
+    # the backward's end: no plan's step peak goes below the least found in that order; with one
+    # collective in flight the least is lower, and the step measures what the plan predicts
+    # (within 5%, or above by at most one 64 KiB gloo staging buffer that gloo's worker thread may
+    # hold while the main thread allocates: see test_ddp_step_peak_within_5_percent_of_prediction)
+    for rank, result in enumerate(ranks):
+        case, floor = result["fsdp-in_flight_least"], result["fsdp-save_all"]["least_peak_bytes"]
+        measured, predicted = case["measured_peak_bytes"], case["predicted_peak_bytes"]
+        figures = (rank, measured, predicted, case["budget_bytes"], floor)
+        assert predicted <= case["budget_bytes"] < floor, figures
+        assert measured < floor, figures
+        assert abs(measured - predicted) <= 0.05 * measured or 0 <= measured - predicted <= 65_536, figures

@@ -16,24 +16,35 @@ from remat_opt.plan import RematPlan, simulate_peak_bytes
 from remat_opt.problem import RecomputeProblem
 from remat_opt.solvers._common import Budgets, checked
 from remat_opt.solvers.blocks import Ties, choose_ties
-from remat_opt.solvers.ilp_bounds import infeasible_error, tag_targets
+from remat_opt.solvers.ilp_bounds import infeasible_error, minimum_peak, tag_targets
 from remat_opt.solvers.ilp_model import ILPModel, ILPOptions
 from remat_opt.solvers.ilp_peak import Outcome, solve_model
 from remat_opt.solvers.mincut import mincut_sweep
 
 
-def _fallback(problem: RecomputeProblem, budgets: Budgets, outcome: Outcome, options: ILPOptions, ties: Ties) -> Outcome:
-    """When the solver found no plan in time: the fastest of the baselines and a min-cut sweep that fits."""
+def _fitting(problem: RecomputeProblem, budgets: Budgets, candidates) -> list[tuple[float, tuple[str, ...]]]:
+    """``(extra time, units)`` of each candidate that meets `budgets`."""
     fits = []
-    candidates = [(), problem.allowed_units, *(units for _, units in mincut_sweep(problem, 8, ties))]
     for units in candidates:
         units = problem.effective_units(units)
         if budgets.admits(problem.saved_bytes(units), simulate_peak_bytes(problem.graph, tag_targets(problem, units))):
             fits.append((problem.extra_time_s(units), units))
+    return fits
+
+
+def _fallback(problem: RecomputeProblem, budgets: Budgets, outcome: Outcome, options: ILPOptions, ties: Ties) -> Outcome:
+    """When the solver found no plan in time: the fastest of the baselines and a min-cut sweep that
+    fits; failing those, under a peak budget, the plan of the least peak (`minimum_peak`, the one an
+    infeasible budget's error names), so that a budget at that minimum is met."""
+    fits = _fitting(problem, budgets, [(), problem.allowed_units, *(units for _, units in mincut_sweep(problem, 8, ties))])
+    note = "the solver found no plan in time: fastest fitting baseline or min-cut plan"
+    if not fits and budgets.peak_bytes is not None:
+        fits = _fitting(problem, budgets, [minimum_peak(problem, options).units])
+        note = "the solver found no plan in time: the plan of the least step peak found"
     if not fits:
         why = "; ".join(outcome.notes) or f"time_limit_s={options.time_limit_s} passed"
-        raise TimeoutError(f"ilp: no plan within budget found ({why}), nor among the baselines and min-cut plans")
-    note = "the solver found no plan in time: fastest fitting baseline or min-cut plan"
+        raise TimeoutError(f"ilp: no plan within budget found ({why}), nor among the baselines, min-cut plans "
+                           "and the least-peak plan")
     return Outcome(min(fits)[1], "fallback", notes=(*outcome.notes, note))
 
 
