@@ -80,6 +80,21 @@ def test_infeasible_peak_budget_names_the_minimum(seed):
         solve_ilp(_problem(seed), peak_budget_bytes=minimum - 1)
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_peak_budget_at_the_minimum_an_error_names_is_met(seed):
+    """Whatever the solver's handicap (here no model-budget trials at all), the least peak an
+    infeasible budget's error names is a budget the solver then meets (its fallback includes the
+    plan that reached it; seed 16 needs it)."""
+    from remat_opt.solvers.ilp_model import ILPOptions
+
+    options = ILPOptions(exact_peak=False, max_shrinks=0)
+    with pytest.raises(InfeasibleBudgetError) as raised:
+        solve_ilp(_problem(seed), peak_budget_bytes=1, options=options)
+    minimum = raised.value.minimum
+    plan = solve_ilp(_problem(seed), peak_budget_bytes=minimum, options=options)
+    assert simulate_peak_bytes(_problem(seed).graph, plan.recomputed_tag_targets) <= minimum
+
+
 @pytest.mark.parametrize("seed", SEEDS[:10])
 def test_peak_pareto_points_are_the_ilps_own_optima_within_budget(seed):
     problem, graph = _problem(seed), _problem(seed).graph
