@@ -8,7 +8,12 @@ predicted and measured saved bytes, the re-gathered weights, predicted and measu
 the largest gradient difference from single-process eager (each rank's shard of it under FSDP),
 absolute and relative to the parameter's largest eager gradient.
 
+FSDP also with `collectives_in_flight=1`: 1 B below the least step peak of Thunder's order of
+collectives (every all-gather at the forward's start, every reduce-scatter waited for at the
+backward's end), and at the least peak of the limited order.
+
     .venv/bin/python benchmarks/distributed_check.py [--models Llama-2-7b-hf pythia-14m] [--seq 256]
+        [--cases fsdp-in_flight fsdp-in_flight_least]   (these and the save-all runs they need)
 """
 
 from __future__ import annotations
@@ -40,11 +45,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["Llama-2-7b-hf", "pythia-14m"])
     parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--cases", nargs="+", default=None, help="labels to run (default: all)")
     args = parser.parse_args()
+    cases = FULL_CASES
+    if args.cases:
+        unknown = set(args.cases) - {label for label, _, _ in FULL_CASES}
+        if unknown:
+            parser.error(f"unknown case(s) {', '.join(sorted(unknown))}; use: {', '.join(c[0] for c in FULL_CASES)}")
+        strategies = {s for label, s, _ in FULL_CASES if label in args.cases}
+        cases = [c for c in FULL_CASES if c[0] in args.cases or (c[2] == "save_all" and c[1] in strategies)]
     for model in args.models:
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as out:
-            ranks = spawn(FULL_CASES, out, timeout_s=1800.0, model_spec=(model, args.seq))
+            ranks = spawn(cases, out, timeout_s=1800.0, model_spec=(model, args.seq))
         print(f"\n{model} (tiny, 1 layer, seq {args.seq}, fp32, fused SDPA; {time.perf_counter() - start:.0f} s)\n")
         print("| rank | case | budget B | saved predicted | measured | re-gathers | peak predicted | measured | "
               "budget held | grad error (relative) |\n|---|---|---|---|---|---|---|---|---|---|")
@@ -52,7 +65,7 @@ def main() -> None:
             if "error" in result:
                 print(f"rank {rank} failed:\n{result['error']}")
                 continue
-            for label, _, _ in FULL_CASES:
+            for label, _, _ in cases:
                 print(_row(rank, label, result[label]), flush=True)
 
 

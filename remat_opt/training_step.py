@@ -49,6 +49,18 @@ class Parameters:
     def bytes(self) -> int:
         return sum(self.numels) * ITEMSIZE[self.dtype]
 
+    def per_rank(self, parallel=None) -> Parameters:
+        """What one rank's optimizer keeps states for under `parallel` (a
+        `remat_opt.data_parallel.DataParallel`): FSDP a 1/N shard of each tensor, DDP all of it."""
+        if parallel is None or parallel.strategy == "ddp":
+            return self
+        world_size = parallel.world_size
+        uneven = [n for n in self.numels if n % world_size]
+        if uneven:
+            raise ValueError(f"FSDP over {world_size} ranks: a parameter of {uneven[0]} elements does not split evenly "
+                             f"({len(uneven)} in all); use a world size dividing every parameter's first dimension")
+        return Parameters(tuple(n // world_size for n in self.numels), self.dtype)
+
     def rounded_bytes(self, granularity_bytes: int) -> int:
         return sum(round_up_bytes(n * ITEMSIZE[self.dtype], granularity_bytes) for n in self.numels)
 

@@ -594,12 +594,13 @@ def write_llama2_7b_h100_png(png_path: str | Path, *, sweep: Sweep | None = None
 # --------------------------------------------------------------------------------------------
 
 
-def benchmark_parameters(name: str, **spec) -> Parameters:
-    """The trainable parameters of litgpt config `name` (built on meta): what AdamW keeps states for."""
+def benchmark_parameters(name: str, parallel=None, **spec) -> Parameters:
+    """The trainable parameters of litgpt config `name` (built on meta): what AdamW keeps states for;
+    one rank's under `parallel` (`remat_opt.data_parallel.DataParallel`: FSDP shards them)."""
     from remat_opt.models import ModelSpec, trainable_parameters
 
     numels, dtype = trainable_parameters(ModelSpec(name, **spec))
-    return Parameters(numels, dtype)
+    return Parameters(numels, dtype).per_rank(parallel)
 
 
 @dataclass(frozen=True)

@@ -300,3 +300,14 @@ def test_seed_rows_compare_with_1646s_measurements(standin):
     assert rows[0]["peak GB predicted / measured"].endswith("/ 64.18") and rows[1]["ms predicted / measured"].endswith("/ 350.15")
     assert seed.rerun_time_s > seed.kept.time_s and seed.rerun_peak_bytes <= seed.kept.peak_bytes
     assert any(r["term"].startswith("time: optimizer step") for r in whatif.seed_breakdown_rows(seed))
+
+
+def test_one_ranks_optimizer_keeps_states_for_its_shard_under_fsdp_and_for_everything_under_ddp():
+    from remat_opt.data_parallel import DataParallel
+
+    whole = whatif.benchmark_parameters("Llama-2-7b-hf", n_layer=1, tiny=True)
+    fsdp = whatif.benchmark_parameters("Llama-2-7b-hf", DataParallel("fsdp", 4), n_layer=1, tiny=True)
+    assert fsdp.numels == tuple(n // 4 for n in whole.numels) and 4 * fsdp.bytes == whole.bytes
+    assert whole.per_rank(DataParallel("ddp", 4)) == whole
+    with pytest.raises(ValueError, match="FSDP over 3 ranks: a parameter of .* elements does not split evenly"):
+        whole.per_rank(DataParallel("fsdp", 3))
