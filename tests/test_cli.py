@@ -43,12 +43,13 @@ def test_inspect_text_output(capsys):
          "unknown strategy 'zero3'; use one of: fsdp, ddp"),
         (["pareto", *TINY, "--device-spec", "h100", "--world-size", "2"], "--world-size and --strategy go together"),
         (["plan", "Llama-2-7b-hf", "--tiny", "--n-layer", "5", "--device-spec", "h100", "--world-size", "2",
-          "--strategy", "ddp"], "use --traced-layers 0"),
+          "--strategy", "ddp"],  # the nvFuser stand-in fuses DDP's forward copies of every weight into one region
+         "the DDP graph of Llama-2-7b-hf cannot be extended from 4 traced layers to 5: fwd0 (nvFusion0) writes"),
     ],
     ids=[
         "unknown-config", "failing-forward", "mixed-devices", "bad-factory", "missing-factory", "bad-seq",
         "traced-layers-too-few", "traced-layers-of-a-factory", "world-size-not-dividing", "unknown-strategy",
-        "world-size-alone", "deepen-data-parallel",
+        "world-size-alone", "deepen-ddp-with-nvfuser-standin",
     ],
 )
 def test_bad_input_gets_one_line_error(argv, message, capsys):
