@@ -16,14 +16,14 @@ from remat_opt.models import ModelSpec
 from remat_opt.plan import simulate_peak_bytes
 from remat_opt.solvers import ILPOptions
 
-# id: (strategy, executors, traced layers, depth). The nvFuser stand-in needs 4 traced layers (its
-# regions span layer boundaries), Thunder's executors 3. Two extra layers with the stand-in (a
-# layer's first norm weight is gathered with the layer before it), one with Thunder's executors: the
-# cheapest traces that check both. DDP with the stand-in cannot be extended (test_cli checks its
-# one-line error): the stand-in fuses DDP's forward copies of every weight into one region.
+# id: (strategy, executors, traced layers, depth). The nvFuser stand-in (the default on meta) needs 4
+# traced layers: its regions span layer boundaries, and a layer's first norm weight is gathered with
+# the layer before it; two extra layers check that the copies hand those on. Thunder's executors
+# (fused SDPA) need 3. FSDP with them (3 -> 4, 4 -> 6, the 70B what-if's executors) matched too; left
+# out to keep the suite's time: these traces are its longest. DDP with the stand-in cannot be extended
+# (test_cli checks its one-line error): the stand-in fuses DDP's forward copies of every weight into one region.
 CASES = {
     "fsdp-nvfuser-standin-4to6": ("fsdp", "nvfuser-standin", 4, 6),
-    "fsdp-fused-sdpa-3to4": ("fsdp", "fused-sdpa", 3, 4),
     "ddp-fused-sdpa-3to4": ("ddp", "fused-sdpa", 3, 4),
 }
 WORLD_SIZE = 2
