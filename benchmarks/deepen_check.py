@@ -3,9 +3,12 @@
 Traces Llama-2-7b (seq 4096, bf16, meta) with 4 layers, extends it to `--layers`, traces the full
 depth directly, and prints the structural differences (expected: none), saved bytes, simulated
 peak, and the time each way. Executors: the default on meta (the nvFuser stand-in), or `--executors`.
+`--strategy fsdp|ddp` checks one rank of `--world-size` (default 2) under Thunder's FSDP or DDP.
 
     .venv/bin/python benchmarks/deepen_check.py --layers 32     # ~6-8 minutes on 2 cores
     .venv/bin/python benchmarks/deepen_check.py --layers 8 --executors fused-sdpa
+    .venv/bin/python benchmarks/deepen_check.py --model Llama-2-7b-hf --tiny --seq 32 --traced-layers 3 --layers 5 \
+        --executors fused-sdpa --strategy fsdp
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ import argparse
 import time
 
 from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
+from remat_opt.data_parallel import STRATEGIES, DataParallel
 from remat_opt.executors import EXECUTOR_CHOICES, default_executors
 from remat_opt.graph_diff import structural_differences
-from remat_opt.model_graphs import analyze_model
+from remat_opt.model_graphs import analyze_spec
+from remat_opt.models import ModelSpec
 from remat_opt.plan import simulate_peak_bytes
 
 
@@ -27,16 +32,21 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--traced-layers", type=int, default=4)
     parser.add_argument("--executors", choices=EXECUTOR_CHOICES, default=default_executors("meta"))
+    parser.add_argument("--tiny", action="store_true", help="shrink the config's width (remat_opt.models)")
+    parser.add_argument("--strategy", choices=STRATEGIES, default=None, help="one rank under FSDP or DDP")
+    parser.add_argument("--world-size", type=int, default=2)
     args = parser.parse_args()
+    spec = ModelSpec(args.model, n_layer=args.layers, seq=args.seq, dtype="bfloat16", device="meta", tiny=args.tiny)
+    parallel = DataParallel(args.strategy, args.world_size) if args.strategy else None
     graphs, seconds = {}, {}
-    for how, traced in (("extended", args.traced_layers), ("direct", args.layers)):
+    for how, traced in (("extended", args.traced_layers), ("direct", 0)):
         start_s = time.perf_counter()
-        graphs[how] = analyze_model(
-            args.model, seq=args.seq, n_layer=args.layers, traced_layers=traced, executors=args.executors
-        )
+        graphs[how] = analyze_spec(spec, traced_layers=traced, executors=args.executors, parallel=parallel)
         seconds[how] = time.perf_counter() - start_s
     diffs = structural_differences(graphs["extended"], graphs["direct"], limit=20)
-    print(f"{args.model}, {args.layers} layers, seq {args.seq}, bf16, meta, executors {args.executors}")
+    where = f", {parallel.describe()}" if parallel else ""
+    print(f"{args.model}{' (tiny)' if args.tiny else ''}, {args.layers} layers, seq {args.seq}, bf16, meta, "
+          f"executors {args.executors}{where}")
     for how, graph in graphs.items():
         peak_gb = simulate_peak_bytes(graph) / 1e9
         print(

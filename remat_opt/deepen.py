@@ -61,9 +61,12 @@ class _Renamer:
             if layer not in self.layers.covered:
                 raise DeepenError(f"layer {layer} is not fully inside the repeated blocks")
             pairs: dict[str, str] = {}
-            for backward in (False, True):
-                for op, twin in zip(self.layers.block_ops(layer, backward), self.layers.block_ops(self.template, backward)):
-                    _pair_tensors(pairs, op, twin, self.layers.tensor_layer, layer)
+            twins = [
+                *(zip(self.layers.block_ops(layer, b), self.layers.block_ops(self.template, b)) for b in (False, True)),
+                _satellite_twins(self.layers, layer, self.template),
+            ]
+            for op, twin in (pair for ops in twins for pair in ops):
+                _pair_tensors(pairs, op, twin, self.layers.tensor_layer, layer)
             self._to_template[layer] = pairs
             self._from_template[layer] = {t: n for n, t in pairs.items()}
         return self._to_template[layer], self._from_template[layer]
@@ -127,6 +130,15 @@ def _pair_tensors(pairs: dict[str, str], op: OpNode, twin: OpNode, tensor_layer:
                 raise DeepenError(f"{x} pairs with both {pairs[x]} and {y}")
 
 
+def _satellite_twins(layers: Layers, layer: int, template: int) -> list[tuple[OpNode, OpNode]]:
+    """`layer`'s satellites paired with the template's in trace order, when they are the same ops
+    (the first and last layers' may differ: their tensors are then read only by their own layer)."""
+    mine, theirs = layers.satellites(layer), layers.satellites(template)
+    if [op_kind(op) for op in mine] != [op_kind(op) for op in theirs]:
+        return []
+    return list(zip(mine, theirs))
+
+
 def _choose_template(layers: Layers) -> int:
     """The first layer with both neighbours repeated whose tensors nothing outside the layers reads."""
     read_from_outside = {
@@ -134,11 +146,30 @@ def _choose_template(layers: Layers) -> int:
     }
     for layer in sorted(layers.covered):
         if {layer - 1, layer + 1} <= layers.covered and layer not in read_from_outside:
+            _check_nothing_written_outside_for(layers, layer)
             return layer
     raise DeepenError(
         f"no middle layer to replicate among the fully repeated layers {sorted(layers.covered)}; "
         "trace one or two more layers"
     )
+
+
+def _check_nothing_written_outside_for(layers: Layers, layer: int) -> None:
+    """Raises `DeepenError` when an op outside the layers writes a tensor that only `layer` reads
+    (such as a fusion region taking in every layer's weights, as the nvFuser stand-in makes of DDP's
+    forward): copying the layer would need a part of that op."""
+    producers = layers.graph.producers
+    for op in layers.graph.ops:
+        if layers.op_layer.get(op.name) != layer:
+            continue
+        for name in op.inputs:
+            writer = producers.get(name)
+            if writer is None or writer.name in layers.op_layer or layers.tensor_layer.get(name) is not None:
+                continue
+            readers = {layers.op_layer.get(reader.name) for reader in layers.graph.consumers[name]}
+            if readers == {layer}:
+                raise DeepenError(f"{writer.name} ({writer.symbol}) writes {name} outside the layers, read by layer {layer} "
+                                  "alone: copying the layer would need a part of that op")
 
 
 class _OpWriter:
@@ -173,20 +204,113 @@ class _OpWriter:
                 self.write(op, template, extended)
 
 
+def _neighbour_run(layers: Layers, ops: tuple[OpNode, ...], index: int, step: int) -> tuple[int | None, list[OpNode]]:
+    """The group of the satellite at `index` and the run of that group's satellites from it in
+    direction `step` (in trace order); (None, []) when `index` holds no satellite."""
+    group, run = None, []
+    while 0 <= index < len(ops) and layers.satellite_group.get(ops[index].name) is not None:
+        if group is not None and layers.satellite_group[ops[index].name] != group:
+            break
+        group = layers.satellite_group[ops[index].name]
+        run.append(ops[index])
+        index += step
+    return group, run[::step]
+
+
+def _satellite_segments(layers: Layers, template: int) -> dict[str, tuple[tuple[OpNode, ...], bool]]:
+    """The template group's satellites as runs of consecutive ops, by first and last op name, each
+    with whether its copies go before it (the groups' runs descend there) or after it (they
+    ascend), as a direct trace of the deeper model orders them; a neighbour group's run must match."""
+    ops, found = layers.graph.ops, {}
+    index = 0
+    while index < len(ops):
+        if layers.satellite_group.get(ops[index].name) != template:
+            index += 1
+            continue
+        end = index
+        while end < len(ops) and layers.satellite_group.get(ops[end].name) == template:
+            end += 1
+        segment = ops[index:end]
+        (before_group, before), (after_group, after) = (_neighbour_run(layers, ops, index - 1, -1),
+                                                        _neighbour_run(layers, ops, end, 1))
+        if template + 1 in (before_group, after_group):
+            descending, twin = before_group == template + 1, before if before_group == template + 1 else after
+        elif template - 1 in (before_group, after_group):
+            descending, twin = after_group == template - 1, after if after_group == template - 1 else before
+        else:
+            raise DeepenError(f"{segment[0].name} ({segment[0].symbol}) and {len(segment) - 1} more ops serve only layer "
+                              f"{template} outside its blocks, with no other layer's beside them: cannot tell where copies go")
+        if [op_kind(op) for op in twin] != [op_kind(op) for op in segment]:
+            raise DeepenError(f"{segment[0].name} ({segment[0].symbol}) and {len(segment) - 1} more ops serve only layer "
+                              f"{template} outside its blocks, but the neighbour layer's beside them differ")
+        found[segment[0].name] = found[segment[-1].name] = (segment, descending)
+        index = end
+    return found
+
+
+class _SatelliteWriter:
+    """Writes satellites where their group puts them. A satellite of the layer before its group
+    (`Layers.satellite_group`) stands, in each group, for that layer's counterpart: the template
+    group's copy k holds layer T+k-1's, and the traced group T+1, moved up, holds the last copy's."""
+
+    def __init__(self, layers: Layers, renamer: _Renamer, writer: _OpWriter):
+        self.layers, self.renamer, self.writer = layers, renamer, writer
+        self._twins: dict[str, OpNode] | None = None
+
+    def _in_template(self, op: OpNode) -> OpNode:
+        """`op`'s counterpart among the template's satellites (`op` itself when it is one)."""
+        template = self.renamer.template
+        if self.layers.satellite_layer[op.name] == template:
+            return op
+        if self._twins is None:
+            self._twins = {a.name: b for a, b in _satellite_twins(self.layers, template - 1, template)}
+        if op.name not in self._twins:
+            raise DeepenError(f"{op.name} ({op.symbol}) of layer {template - 1} has no counterpart among layer {template}'s "
+                              "satellites: the layers' collectives differ")
+        return self._twins[op.name]
+
+    def write(self, op: OpNode, group: int) -> None:
+        """Writes, into extended `group`, the counterpart of `op` (a satellite) that the group holds."""
+        lag = self.layers.satellite_group[op.name] - self.layers.satellite_layer[op.name]
+        layer, extended = self.layers.satellite_layer[op.name], group - lag
+        if extended == self.renamer.extended_layer(layer):
+            self.writer.write(op, layer, extended)
+        else:
+            self.writer.write(self._in_template(op), self.renamer.template, extended)
+
+
 def _extended_ops(layers: Layers, renamer: _Renamer) -> tuple[OpNode, ...]:
-    """Forward: copies after the template's block, ascending; backward: before it, descending."""
+    """Forward: copies after the template's block, ascending; backward: before it, descending;
+    the template group's satellites: beside each run of them, in the order the groups' runs go there."""
     template, extra = renamer.template, renamer.extra
     copies_up = range(template + 1, template + extra + 1)
     writer = _OpWriter(renamer)
+    satellites = _SatelliteWriter(layers, renamer, writer)
     last_forward = layers.block_ops(template, backward=False)[-1].name
     first_backward = layers.block_ops(template, backward=True)[0].name
+    segments = _satellite_segments(layers, template)
+
+    def write_segment_copies(segment, groups):
+        for group in groups:
+            for satellite in segment:
+                satellites.write(satellite, group)
+
     for op in layers.graph.ops:
         if op.name == first_backward:
             writer.write_copies(layers.block_ops(template, backward=True), template, reversed(copies_up))
-        layer = layers.op_layer.get(op.name)
-        writer.write(op, layer, None if layer is None else renamer.extended_layer(layer))
+        segment, descending = segments.get(op.name, ((), False))
+        if descending and op is segment[0]:
+            write_segment_copies(segment, reversed(copies_up))
+        group = layers.satellite_group.get(op.name)
+        if group is not None:
+            satellites.write(op, renamer.extended_layer(group))
+        else:
+            layer = layers.op_layer.get(op.name)
+            writer.write(op, layer, None if layer is None else renamer.extended_layer(layer))
         if op.name == last_forward:
             writer.write_copies(layers.block_ops(template, backward=False), template, copies_up)
+        if segment and not descending and op is segment[-1]:
+            write_segment_copies(segment, copies_up)
     return (*writer.ops[False], *writer.ops[True])
 
 

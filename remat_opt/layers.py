@@ -3,8 +3,10 @@
 Transformer graphs repeat one block per layer. `find_repeated_blocks` finds the longest periodic
 run of forward-op signatures (symbol, shapes, dtypes, attributes, tags, taggability);
 `find_layers` also finds the backward blocks (matched to forward layers through the saved tensors
-they read) and assigns every op, tensor and tag target to its layer; `forward_layer_labels` names
-the layer of each forward op for reports. Used by the solvers (ties between blocks), by
+they read), the *satellites* of each layer (ops outside the blocks that serve one layer only: the
+collectives of its weights, which Thunder's wait sorting moves to the forward's start and the
+backward's end) and assigns every op, tensor and tag target to its layer; `forward_layer_labels`
+names the layer of each forward op for reports. Used by the solvers (ties between blocks), by
 `remat_opt.deepen` (copying a layer) and by `remat_opt.whatif` (memory per layer).
 """
 
@@ -106,9 +108,22 @@ def forward_layer_labels(graph: JointGraph) -> dict[str, str]:
     return labels
 
 
+def block_sequence(ops) -> tuple[OpNode, ...]:
+    """The ops whose periodic run marks the layers: all but collectives. Thunder's wait sorting
+    moves an FSDP weight's all-gather and wait, and a gradient's reduction, out of the layers (in
+    the blocks of one trace, at the edges of another); they join their layer as satellites."""
+    return tuple(op for op in ops if "collective" not in op.op_tags)
+
+
 @dataclass(frozen=True)
 class Layers:
-    """Which layer every op, tensor and tag target of a traced graph belongs to (absent: none)."""
+    """Which layer every op, tensor and tag target of a traced graph belongs to (absent: none).
+
+    `forward` and `backward` index `block_sequence` of the forward and backward ops; `op_layer`
+    holds the blocks' ops and the satellites (`satellite_layer`): ops outside the blocks that feed
+    one layer only or only carry its results away (see `find_layers`). A satellite's group is the
+    layer the trace orders it with: its own, or the next one (`_feeders`).
+    """
 
     graph: JointGraph
     forward: RepeatedBlocks
@@ -117,17 +132,31 @@ class Layers:
     op_layer: dict[str, int]
     tensor_layer: dict[str, int] = field(default_factory=dict)
     tag_layer: dict[str, int | None] = field(default_factory=dict)
+    satellite_layer: dict[str, int] = field(default_factory=dict)
+    satellite_group: dict[str, int] = field(default_factory=dict)
 
     def block_ops(self, layer: int, backward: bool) -> tuple[OpNode, ...]:
-        """The ops of `layer`'s forward (or backward) block, in trace order."""
+        """The ops of `layer`'s forward (or backward) block, in trace order (satellites excluded)."""
         if backward:
             if layer not in self.backward_layer_of_block:
                 raise LayerError(f"layer {layer} has no backward block")
-            run, ops, block = self.backward, self.graph.backward_ops, self.backward_layer_of_block.index(layer)
+            run, ops, block = self.backward, self.backward_sequence, self.backward_layer_of_block.index(layer)
         else:
-            run, ops, block = self.forward, self.graph.forward_ops, layer
+            run, ops, block = self.forward, self.forward_sequence, layer
         start = run.start + block * run.period
         return ops[start : start + run.period]
+
+    @cached_property
+    def forward_sequence(self) -> tuple[OpNode, ...]:
+        return block_sequence(self.graph.forward_ops)
+
+    @cached_property
+    def backward_sequence(self) -> tuple[OpNode, ...]:
+        return block_sequence(self.graph.backward_ops)
+
+    def satellites(self, layer: int) -> tuple[OpNode, ...]:
+        """`layer`'s satellites, in trace order."""
+        return tuple(op for op in self.graph.ops if self.satellite_layer.get(op.name) == layer)
 
     @cached_property
     def covered(self) -> frozenset[int]:
@@ -135,14 +164,15 @@ class Layers:
         return frozenset(range(self.forward.count)) & frozenset(self.backward_layer_of_block)
 
 
-def _backward_layers(graph: JointGraph, forward_layer: dict[str, int], run: RepeatedBlocks) -> tuple[int, ...]:
+def _backward_layers(graph: JointGraph, forward_layer: dict[str, int], run: RepeatedBlocks,
+                     sequence: tuple[OpNode, ...]) -> tuple[int, ...]:
     """The forward layer of each backward block: consecutive layers in reverse, the run that reads
     most tensors of its own layers (block by block, the most-read layer would do, but fusion regions
     that span a layer boundary make a block read two layers almost equally)."""
     producers = graph.producers
     reads = []
     for block in range(run.count):
-        ops = graph.backward_ops[run.start + block * run.period : run.start + (block + 1) * run.period]
+        ops = sequence[run.start + block * run.period : run.start + (block + 1) * run.period]
         read = Counter(
             forward_layer[producers[name].name]
             for op in ops
@@ -191,28 +221,83 @@ def _tag_targets_of(graph: JointGraph, op) -> list[str]:
     return [*targets, *(o.tag_target for o in origins if o is not None and o.tag_target)]
 
 
+def _feeders(graph: JointGraph, op_layer: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """Ops outside the blocks that feed one layer only (an FSDP weight's all-gather and wait, the
+    weight's broadcast, a layer's slice of the RoPE tables, zeros a backward pads), as op name ->
+    (layer, group): they read nothing a block writes, and only blocks and other such feeders read
+    their outputs: one layer's forward block (their layer) and that layer's backward block or the
+    next one's (their group: with fusion regions across layer boundaries, a layer's first norm
+    weight is read by the previous layer's forward block; the trace orders it with its group)."""
+    written = {name for op in graph.ops if op.name in op_layer for name in op.outputs}
+    reads: dict[str, tuple[set, set]] = {}  # feeder -> layers reading it (forward, backward)
+    for op in reversed(graph.ops):  # readers come later in the trace
+        if op.name in op_layer or any(name in written for name in op.inputs):
+            continue
+        forward, backward, readers = set(), set(), [r for name in op.outputs for r in graph.consumers.get(name, ())]
+        for reader in readers:
+            if reader.name in op_layer:
+                (backward if reader.is_backward else forward).add(op_layer[reader.name])
+            elif reader.name in reads:
+                forward.update(reads[reader.name][0])
+                backward.update(reads[reader.name][1])
+            else:
+                break
+        else:
+            lag = min(backward) - min(forward) if forward and backward else 0
+            if readers and len(forward) <= 1 and len(backward) <= 1 and lag in (0, 1):
+                reads[op.name] = (forward, backward)
+    return {name: (min(forward or backward), min(backward or forward)) for name, (forward, backward) in reads.items()}
+
+
+def _drains(graph: JointGraph, op_layer: dict[str, int]) -> dict[str, int]:
+    """Ops outside the blocks that only carry one layer's results away: they read only tensors that
+    layer or other such drains write, and only such drains read theirs (a gradient's division,
+    reduction and wait under FSDP or DDP)."""
+    producers = graph.producers
+    found: dict[str, int] = {}
+    for op in graph.ops:
+        if op.name in op_layer or not op.inputs:
+            continue
+        writers = {op_layer.get(p.name, found.get(p.name)) if (p := producers.get(name)) else None for name in op.inputs}
+        if len(writers) == 1 and None not in writers:
+            found[op.name] = writers.pop()
+    for op in reversed(graph.ops):  # drop those read by anything else (the head reads the last layer)
+        if op.name in found:
+            readers = {found.get(r.name) for name in op.outputs for r in graph.consumers.get(name, ())}
+            if readers - {found[op.name]}:
+                del found[op.name]
+    return found
+
+
 def find_layers(graph: JointGraph, *, min_layers: int = 3) -> Layers:
-    """Finds the repeated layers of `graph` (forward and backward blocks), or raises `DeepenError`."""
-    forward = find_repeated_blocks(graph, min_count=min_layers)
-    backward = find_periodic_run(op_signature_codes(graph, graph.backward_ops), min_count=min_layers)
+    """Finds the repeated layers of `graph` (forward and backward blocks of `block_sequence`, and
+    the satellites of each layer), or raises `LayerError`."""
+    forward_ops, backward_ops = block_sequence(graph.forward_ops), block_sequence(graph.backward_ops)
+    forward = find_periodic_run(op_signature_codes(graph, forward_ops), min_count=min_layers)
+    backward = find_periodic_run(op_signature_codes(graph, backward_ops), min_count=min_layers)
     if forward is None or backward is None:
         side = "forward" if forward is None else "backward"
-        n_ops = len(graph.forward_ops if forward is None else graph.backward_ops)
+        n_ops = len(forward_ops if forward is None else backward_ops)
         if any(op.members for op in graph.ops):
             advice = (f"fusion regions span layer boundaries, so trace at least {min_layers + 1} layers "
                       "(or every layer)")
         else:
             advice = f"trace at least {min_layers} layers"
         raise LayerError(f"no block of the {n_ops} {side} ops repeats {min_layers} or more times: {advice}")
-    op_layer = {op.name: forward.block_of(op.index) for op in graph.forward_ops if forward.block_of(op.index) is not None}
-    backward_layers = _backward_layers(graph, op_layer, backward)
-    for op in graph.backward_ops:
-        block = backward.block_of(op.index)
+    op_layer = {op.name: forward.block_of(i) for i, op in enumerate(forward_ops) if forward.block_of(i) is not None}
+    backward_layers = _backward_layers(graph, op_layer, backward, backward_ops)
+    for i, op in enumerate(backward_ops):
+        block = backward.block_of(i)
         if block is not None:
             op_layer[op.name] = backward_layers[block]
+    feeders = _feeders(graph, op_layer)
+    satellite_layer = {**{name: layer for name, (layer, _) in feeders.items()}, **_drains(graph, op_layer)}
+    satellite_group = {**satellite_layer, **{name: group for name, (_, group) in feeders.items()}}
+    op_layer.update(satellite_layer)
     tensor_layer = _input_layers(graph, op_layer)
     for op in graph.ops:
         if op.name in op_layer:
             written = [*op.outputs, *(out for member in op.members for out in member.outputs)]
             tensor_layer.update(dict.fromkeys(written, op_layer[op.name]))
-    return Layers(graph, forward, backward, backward_layers, op_layer, tensor_layer, _tag_layers(graph, op_layer))
+    return Layers(graph, forward, backward, backward_layers, op_layer, tensor_layer, _tag_layers(graph, op_layer),
+                  satellite_layer, satellite_group)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from remat_opt.deepen import extend_layers
+from remat_opt.deepen import DeepenError, extend_layers
 from remat_opt.graph import JointGraph
 from remat_opt.graph_cache import cache_key, load_graph, store_graph
 
@@ -23,7 +23,8 @@ def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors:
     `executors` is a `--executors` choice; None: `remat_opt.executors.default_executors` for the
     spec's device (the nvFuser stand-in on meta). With `parallel` (a
     `remat_opt.data_parallel.DataParallel`), the graph is one rank's under Thunder's FSDP or DDP over
-    that many ranks (traced with a fake process group).
+    that many ranks (traced with a fake process group); extending it copies a layer's collectives
+    with the layer. Raises `DeepenError` (one line, naming what broke) when the graph cannot be extended.
     """
     from remat_opt.executors import default_executors, executors_for
     from remat_opt.models import build_model, litgpt_config
@@ -33,11 +34,6 @@ def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors:
     executors = executors or default_executors(spec.device)
     depth = litgpt_config(spec)[0].n_layer
     traced = depth if traced_layers == 0 else min(depth, traced_layers)
-    if parallel is not None and traced < depth:
-        raise ValueError(
-            f"{parallel.strategy.upper()} graphs cannot be extended from {traced} traced layers to {depth} yet "
-            "(Thunder issues every all-gather at the forward's start and every gradient reduction at the "
-            "backward's end, outside the repeated layers): use --traced-layers 0 (trace every layer) or a smaller --n-layer")
     start_s = time.perf_counter()
     traced_spec = replace(spec, n_layer=traced)
     key = cache_key(traced_spec, executors, *((parallel,) if parallel else ()))
@@ -50,7 +46,12 @@ def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors:
         store_graph(key, traced_spec, graph)
     if traced == depth:
         return graph
-    graph = extend_layers(graph, depth - traced, traced_layers=traced)
+    try:
+        graph = extend_layers(graph, depth - traced, traced_layers=traced)
+    except DeepenError as e:
+        what = f"the {parallel.strategy.upper()} graph" if parallel else "the graph"
+        raise DeepenError(f"{what} of {spec.name} cannot be extended from {traced} traced layers to {depth}: {e}; "
+                          "use --traced-layers 0 (trace every layer) or a smaller --n-layer") from e
     note = f"{spec.name}: traced {traced} of {depth} layers in {time.perf_counter() - start_s:.1f} s"
     return replace(graph, notes=(*graph.notes, note))
 

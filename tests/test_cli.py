@@ -45,12 +45,13 @@ def test_inspect_text_output(capsys):
         (["plan", *TINY, "--device-spec", "h100", "--world-size", "2", "--strategy", "ddp", "--collectives-in-flight",
           "1"], "--collectives-in-flight goes with --strategy fsdp"),
         (["plan", "Llama-2-7b-hf", "--tiny", "--n-layer", "5", "--device-spec", "h100", "--world-size", "2",
-          "--strategy", "ddp"], "use --traced-layers 0"),
+          "--strategy", "ddp"],  # the nvFuser stand-in fuses DDP's forward copies of every weight into one region
+         "the DDP graph of Llama-2-7b-hf cannot be extended from 4 traced layers to 5: fwd0 (nvFusion0) writes"),
     ],
     ids=[
         "unknown-config", "failing-forward", "mixed-devices", "bad-factory", "missing-factory", "bad-seq",
         "traced-layers-too-few", "traced-layers-of-a-factory", "world-size-not-dividing", "unknown-strategy",
-        "world-size-alone", "in-flight-without-fsdp", "deepen-data-parallel",
+        "world-size-alone", "in-flight-without-fsdp", "deepen-ddp-with-nvfuser-standin",
     ],
 )
 def test_bad_input_gets_one_line_error(argv, message, capsys):
