@@ -20,7 +20,7 @@ from remat_opt import _compat  # noqa: F401  (before thunder)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from remat_opt.regather_order import check_in_flight  # noqa: E402
+from remat_opt.collective_order import check_in_flight  # noqa: E402
 
 STRATEGIES = ("fsdp", "ddp")
 

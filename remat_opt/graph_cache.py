@@ -23,7 +23,7 @@ from remat_opt.graph import JointGraph
 
 ENV_VAR = "REMAT_OPT_GRAPH_CACHE"
 _SOURCES = ("extract.py", "storage.py", "op_semantics.py", "graph.py", "deepen.py", "layers.py", "models.py", "model_graphs.py",
-            "regather_order.py", "data_parallel.py",
+            "regather_order.py", "collective_order.py", "data_parallel.py",
             "executors/sdpa_cpu.py")  # fmt: skip
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from remat_opt.collective_order import reorder_graph
 from remat_opt.deepen import DeepenError, extend_layers
 from remat_opt.graph import JointGraph
 from remat_opt.graph_cache import cache_key, load_graph, store_graph
@@ -25,6 +26,8 @@ def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors:
     `remat_opt.data_parallel.DataParallel`), the graph is one rank's under Thunder's FSDP or DDP over
     that many ranks (traced with a fake process group); extending it copies a layer's collectives
     with the layer. Raises `DeepenError` (one line, naming what broke) when the graph cannot be extended.
+    FSDP's ``collectives_in_flight`` is applied last, to the graph at full depth
+    (`remat_opt.collective_order.reorder_graph`): it is traced and extended in Thunder's order.
     """
     from remat_opt.executors import default_executors, executors_for
     from remat_opt.models import build_model, litgpt_config
@@ -35,6 +38,8 @@ def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors:
     depth = litgpt_config(spec)[0].n_layer
     traced = depth if traced_layers == 0 else min(depth, traced_layers)
     start_s = time.perf_counter()
+    in_flight = parallel.collectives_in_flight if parallel else None
+    parallel = replace(parallel, collectives_in_flight=None) if parallel else None
     traced_spec = replace(spec, n_layer=traced)
     key = cache_key(traced_spec, executors, *((parallel,) if parallel else ()))
     cached = load_graph(key)
@@ -45,7 +50,7 @@ def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors:
         graph = _analyze(model, inputs, executors_for(executors), parallel, spec.device)
         store_graph(key, traced_spec, graph)
     if traced == depth:
-        return graph
+        return reorder_graph(graph, in_flight)
     try:
         graph = extend_layers(graph, depth - traced, traced_layers=traced)
     except DeepenError as e:
@@ -53,7 +58,7 @@ def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors:
         raise DeepenError(f"{what} of {spec.name} cannot be extended from {traced} traced layers to {depth}: {e}; "
                           "use --traced-layers 0 (trace every layer) or a smaller --n-layer") from e
     note = f"{spec.name}: traced {traced} of {depth} layers in {time.perf_counter() - start_s:.1f} s"
-    return replace(graph, notes=(*graph.notes, note))
+    return reorder_graph(replace(graph, notes=(*graph.notes, note)), in_flight)
 
 
 def _analyze(model, inputs, executors, parallel, device: str) -> JointGraph:
@@ -70,8 +75,7 @@ def _analyze(model, inputs, executors, parallel, device: str) -> JointGraph:
         check_shardable(model, parallel.world_size)
     with fake_process_group(parallel.world_size):
         transform = parallel_transform(parallel.strategy, torch.device(device))
-        return analyze(model, *inputs, executors=executors, transforms=[transform],
-                       collectives_in_flight=parallel.collectives_in_flight)
+        return analyze(model, *inputs, executors=executors, transforms=[transform])
 
 
 def analyze_model(

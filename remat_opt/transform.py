@@ -35,7 +35,8 @@ from remat_opt.distributed import check_transform_order, for_ranks, regather_uni
 from remat_opt.errors import InfeasibleBudgetError  # noqa: E402
 from remat_opt import fusion_search as fs  # noqa: E402
 from remat_opt.plan import RECOMPUTE, SAVE, simulate_peak_bytes  # noqa: E402
-from remat_opt.regather_order import ALL_GATHER, check_in_flight, place_regathers_before_use, limit_collectives_in_flight  # noqa: E402
+from remat_opt.collective_order import ALL_GATHER, check_in_flight  # noqa: E402
+from remat_opt.regather_order import limit_collectives_in_flight, place_regathers_before_use  # noqa: E402
 from remat_opt.planning import FusionOutcome, PlanRequest, PlannedStep, plan_step  # noqa: E402
 
 # The plan behind each computation trace CostRemat returned. Thunder keeps that trace in its cache

@@ -61,11 +61,35 @@ def test_collectives_in_flight_bounds_fsdp_all_gathers_and_reduce_scatters(fsdp_
     scatters, scatters_in_flight = _most_in_flight(fsdp_4_ranks.backward_ops, "torch_reduce_scatter_prim_impl")
     assert gathers > 2 and gathers_in_flight == gathers
     assert scatters > 2 and scatters_in_flight == scatters
-    limited = _fsdp_graph(4, in_flight=1)
+    limited = _fsdp_graph(4, in_flight=1)  # the graph of Thunder's order, reordered (collective_order)
     assert _most_in_flight(limited.forward_ops, "torch_all_gather_prim_impl") == (gathers, 1)
     assert _most_in_flight(limited.backward_ops, "torch_reduce_scatter_prim_impl") == (scatters, 1)
     # the same ops, in another order
     assert sorted(op.symbol for op in limited.ops) == sorted(op.symbol for op in fsdp_4_ranks.ops)
+
+
+@pytest.mark.parametrize("in_flight", [0, 1])
+def test_reordering_the_graph_equals_tracing_with_the_pass(fsdp_4_ranks, in_flight):
+    """The graph of Thunder's order reordered (`collective_order.reorder_graph`, what extended
+    graphs get) is the graph of the trace pass CostRemat runs (`regather_order`, in its dry runs)."""
+    from remat_opt.collective_order import reorder_graph
+    from remat_opt.data_parallel import fake_process_group, parallel_transform
+    from remat_opt.executors import default_executors, executors_for
+    from remat_opt.extract import analyze
+    from remat_opt.graph_diff import structural_differences
+    from remat_opt.models import ModelSpec, build_model
+    from remat_opt.plan import simulate_peak_bytes
+
+    model, inputs = build_model(ModelSpec(**SPEC_ARGS))
+    with fake_process_group(4):
+        traced = analyze(model, *inputs, executors=executors_for(default_executors("meta")),
+                         transforms=[parallel_transform("fsdp", model.lm_head.weight.device)],
+                         collectives_in_flight=in_flight)
+    reordered = reorder_graph(fsdp_4_ranks, in_flight)
+    assert [op.symbol for op in reordered.ops] == [op.symbol for op in traced.ops]
+    assert [op.symbol for op in reordered.ops] != [op.symbol for op in fsdp_4_ranks.ops]
+    assert structural_differences(reordered, traced) == []
+    assert simulate_peak_bytes(reordered) == simulate_peak_bytes(traced)
 
 
 @pytest.mark.parametrize(("strategy", "world_size", "in_flight", "message"), [
