@@ -5,9 +5,9 @@ gradient's reduce-scatter at the backward's end, so every unsharded weight, then
 gradient, is alive at once: a floor no recompute plan goes below (Llama-2-70b on 8 ranks: 138 GB
 per rank). `in_flight_order` keeps at most `k` of them in flight beside the one in use:
 
-* forward: the all-gathers, in the order of their waits; the j-th is issued right after the
-  (j - k)-th wait (the first k stay where they are, at the start), or right before its own wait
-  when k is 0 (no overlap);
+* forward: each all-gather's wait right before the first op that reads the weight; then the
+  all-gathers, in the order of their waits: the j-th is issued right after the (j - k)-th wait (the
+  first k stay where they are, at the start), or right before its own wait when k is 0 (no overlap);
 * backward: the reduce-scatters, in the order they are issued; the j-th one's wait moves to right
   before the (j + k)-th is issued (the last k stay at the end), or right after its own issue when
   k is 0.
@@ -59,8 +59,23 @@ def async_pairs(items: Sequence[Item], collective: str, symbol, inputs, outputs)
     return pairs
 
 
+def _waits_before_first_use(items: Sequence[Item], at: _Accessors) -> dict[int, tuple[int, bool]]:
+    """Each all-gather's wait right before the first op that reads its output (Thunder's sort leaves
+    many waits tied and early: before the embedding, all of them)."""
+    pairs = async_pairs(items, ALL_GATHER, at.symbol, at.inputs, at.outputs)
+    waited = {at.outputs(wait)[0]: wait for _, wait in pairs}
+    moves = {}
+    for item in items:
+        for name in at.inputs(item):
+            wait = waited.pop(name, None)
+            if wait is not None:
+                moves[id(wait)] = (id(item), False)
+    return moves
+
+
 def _moves(items: Sequence[Item], k: int, backward: bool, at: _Accessors) -> dict[int, tuple[int, bool]]:
-    """id(item to move) -> (id of the item it goes beside, whether after it)."""
+    """id(item to move) -> (id of the item it goes beside, whether after it); forward: the items
+    already in the order `_waits_before_first_use` gives."""
     if backward:
         pairs = async_pairs(items, REDUCE_SCATTER, at.symbol, at.inputs, at.outputs)
         if k == 0:
@@ -71,6 +86,19 @@ def _moves(items: Sequence[Item], k: int, backward: bool, at: _Accessors) -> dic
     if k == 0:
         return {id(gather): (id(wait), False) for gather, wait in pairs}
     return {id(pairs[j][0]): (id(pairs[j - k][1]), True) for j in range(k, len(pairs))}
+
+
+def _apply(items: Sequence[Item], moves: dict[int, tuple[int, bool]]) -> list[Item]:
+    """`items` with each moved one (by id) right before or after its anchor, in their own order."""
+    beside: dict[tuple[int, bool], list[Item]] = {}
+    for item in (i for i in items if id(i) in moves):
+        beside.setdefault(moves[id(item)], []).append(item)
+    ordered: list[Item] = []
+    for item in (i for i in items if id(i) not in moves):
+        ordered.extend(beside.get((id(item), False), ()))
+        ordered.append(item)
+        ordered.extend(beside.get((id(item), True), ()))
+    return ordered
 
 
 def _check_defined_before_use(items: Sequence[Item], at: _Accessors) -> None:
@@ -90,17 +118,12 @@ def in_flight_order(items: Sequence[Item], in_flight: int, *, backward: bool, sy
     in flight (see the module docstring); None when nothing moves. `symbol`, `inputs` and `outputs`
     read an item's symbol name and the names of the tensors (futures included) it reads and writes."""
     at = _Accessors(symbol, inputs, outputs)
-    moves = _moves(items, check_in_flight(in_flight), backward, at)
-    if not moves:
+    check_in_flight(in_flight)
+    ordered = list(items) if backward else _apply(items, _waits_before_first_use(items, at))
+    moves = _moves(ordered, in_flight, backward, at)
+    if not moves and all(a is b for a, b in zip(ordered, items)):
         return None
-    beside: dict[tuple[int, bool], list[Item]] = {}
-    for item in (i for i in items if id(i) in moves):
-        beside.setdefault(moves[id(item)], []).append(item)
-    ordered: list[Item] = []
-    for item in (i for i in items if id(i) not in moves):
-        ordered.extend(beside.get((id(item), False), ()))
-        ordered.append(item)
-        ordered.extend(beside.get((id(item), True), ()))
+    ordered = _apply(ordered, moves)
     _check_defined_before_use(ordered, at)
     return ordered
 
