@@ -11,11 +11,17 @@ torch nor Thunder:
 * the errors to catch: `InfeasibleBudgetError`, `ModelTraceError`, `DeepenError`.
 
 Internals live in their modules (`remat_opt.graph`, `remat_opt.solvers`, ...). The modules that
-touch Thunder apply the torch compatibility step (`remat_opt._compat`) before importing it, so
-``from remat_opt import CostRemat`` before ``import thunder`` works on torch 2.13.
+touch Thunder apply the torch compatibility steps (`remat_opt._compat`) before importing it, and
+``import remat_opt`` installs a hook that runs the step Thunder needs to import at all before the
+first ``import thunder`` (`remat_opt._thunder_import`; torch is not imported until then), so
+``import remat_opt, thunder`` works on torch 2.13.
 """
 
+from remat_opt import _thunder_import
+
 __version__ = "0.1.0"
+
+_thunder_import.install()
 
 _LAZY = {
     "CostRemat": ("remat_opt.transform", "CostRemat"),

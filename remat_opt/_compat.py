@@ -8,7 +8,8 @@ changes nothing where torch and Thunder already work together.
    methods of ``torch.Tensor`` (``align_as``, ``align_to``, ``has_names``, ``refine_names``,
    ``rename``) at import time; torch 2.13 removed them, so ``import thunder`` raises
    ``AttributeError``. Where a method is missing, a placeholder that raises a clear error when
-   called is added.
+   called is added (`remat_opt._thunder_import`, which ``import remat_opt`` also installs as a
+   hook that runs before the first ``import thunder``).
 2. **ThunderFX** (can go when Thunder's interpreter can take ``len()`` of a dict keys view, i.e.
    ``thunder.core.interpreter.MappingKeysView`` has ``__len__``): ``ThunderCompiler`` splits
    Dynamo's graph into submodules that torch.fx generates lazily (``_LazyGraphModule``); the first
@@ -31,33 +32,14 @@ from __future__ import annotations
 
 import torch
 
-NAMED_TENSOR_METHODS: tuple[str, ...] = ("align_as", "align_to", "has_names", "refine_names", "rename")
+# Step 1 lives where `import remat_opt` can install it before `import thunder` without torch.
+from remat_opt._thunder_import import NAMED_TENSOR_METHODS, ensure_thunder_importable
 
-
-def _removed_method(name: str):
-    def method(self, *args, **kwargs):
-        raise NotImplementedError(
-            f"torch.Tensor.{name} (named tensors) was removed in torch {torch.__version__}; "
-            "this placeholder exists only so that lightning-thunder can be imported"
-        )
-
-    method.__name__ = name
-    method.__qualname__ = f"Tensor.{name}"
-    method._remat_opt_placeholder = True
-    return method
-
-
-def ensure_thunder_importable(tensor_cls: type = torch.Tensor) -> list[str]:
-    """Adds placeholders for missing named-tensor methods; returns the names it added."""
-    added = []
-    for name in NAMED_TENSOR_METHODS:
-        if not hasattr(tensor_cls, name):
-            setattr(tensor_cls, name, _removed_method(name))
-            added.append(name)
-    return added
-
-
-ADDED_METHODS: list[str] = ensure_thunder_importable()
+ensure_thunder_importable()
+# The placeholders on torch.Tensor, whether added here or by the import hook before.
+ADDED_METHODS: list[str] = [
+    name for name in NAMED_TENSOR_METHODS if getattr(getattr(torch.Tensor, name, None), "_remat_opt_placeholder", False)
+]
 
 
 def recompile_lazy_graph_modules(module: torch.nn.Module) -> int:

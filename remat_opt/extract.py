@@ -48,7 +48,7 @@ from costmodels.formulas import (  # noqa: E402
     WORLD_SIZE_ATTR,
 )
 from remat_opt import graph as g  # noqa: E402
-from remat_opt.regather_order import place_regathers_before_use, limit_collectives_in_flight  # noqa: E402
+from remat_opt.regather_order import order_fsdp_collectives  # noqa: E402
 from remat_opt.op_semantics import FallbackWork, draws_random_itself, fallback_work, is_random  # noqa: E402
 from remat_opt.storage import StorageTracker, member_workspace_bytes, proxy_bytes  # noqa: E402
 
@@ -168,10 +168,8 @@ def dry_run(computation_trace: TraceCtx, executors_list, collectives_in_flight: 
         trace = _sort_waits_as_thunder_does(trace, executors_list)
         trace = transform_for_execution(trace, executors_list=executors_list, use_del_last_used=False)[-1]
         forward, backward = split_into_forward_and_backward(trace)
-        forward = limit_collectives_in_flight(forward, collectives_in_flight)  # as CostRemat does
-        if backward is not None:
-            backward = place_regathers_before_use(limit_collectives_in_flight(backward, collectives_in_flight))
-        return forward, backward
+        forward = order_fsdp_collectives(forward, collectives_in_flight)  # as CostRemat does
+        return forward, backward if backward is None else order_fsdp_collectives(backward, collectives_in_flight)
     finally:
         for key, p in proxies.items():
             p.tags.clear()

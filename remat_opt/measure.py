@@ -36,8 +36,13 @@ Peak (:func:`measure_step_peak_bytes`)
 
     * CPU: the step runs under ``torch.profiler`` with ``profile_memory=True``; the allocation
       and free events of the CPU allocator are replayed in time order. ``step_peak_delta_bytes``
-      is the maximum over time of the bytes of blocks allocated during the step and not yet
-      freed (frees of blocks allocated before the step are ignored). ``baseline_bytes`` is the
+      is the maximum over time of the bytes of blocks the calling thread allocated during the
+      step and not yet freed (by any thread; frees of blocks allocated before the step are
+      ignored). Blocks that other threads allocate (gloo's worker threads stage collectives in
+      64 KiB buffers) are reported apart, as ``other_threads_peak_bytes``: they overlap the step's
+      own peak or not depending on thread timing, and they are the CPU counterpart of a
+      communication library's own buffers, which ``torch.cuda.max_memory_allocated`` does not
+      count either (NCCL allocates outside the caching allocator). ``baseline_bytes`` is the
       bytes of the distinct storages the step uses that exist before it (inputs, parameters,
       buffers, and existing ``.grad`` tensors when they are kept). Allocations that bypass the
       c10 CPU allocator (oneDNN/MKL scratch space, Python objects) are not seen, and CPU bytes
@@ -302,14 +307,16 @@ class AllocationTrace:
     is ignored (the profiler cannot always size those).
 
     Attributes:
-        peak_delta_bytes: Maximum over time of the bytes allocated during the call and not yet
-            freed (>= 0).
-        end_delta_bytes: Bytes allocated during the call and still alive at its end.
-        n_allocations: Number of allocation events.
-        n_frees: Number of free events of blocks allocated during the call.
+        peak_delta_bytes: Maximum over time of the bytes the calling thread allocated during the
+            call and not yet freed (>= 0).
+        end_delta_bytes: Bytes the calling thread allocated during the call, still alive at its end.
+        n_allocations: Number of allocation events on the calling thread.
+        n_frees: Number of free events of blocks the calling thread allocated during the call.
         n_foreign_frees: Number of free events of blocks allocated before the call (ignored).
-        live_delta_bytes: the bytes allocated during the call and not yet freed, after each
-            allocation and each counted free, in time order (its maximum is `peak_delta_bytes`).
+        other_threads_peak_bytes: Maximum over time of the bytes other threads the profiler saw
+            (gloo's workers) allocated during the call and not yet freed; not in the other figures.
+        live_delta_bytes: `peak_delta_bytes`' series: the calling thread's live bytes after each of
+            its allocations and counted frees, in time order.
     """
 
     peak_delta_bytes: int
@@ -317,7 +324,12 @@ class AllocationTrace:
     n_allocations: int
     n_frees: int
     n_foreign_frees: int
-    live_delta_bytes: tuple[int, ...] = ()
+    other_threads_peak_bytes: int = 0
+    live_delta_bytes: tuple[int, ...] = field(default=(), repr=False)
+
+
+# The profiler names the thread that calls the measured function by this annotation's thread id.
+_CALLER_MARK = "remat_opt.measured_call"
 
 
 def _iter_profiler_events(roots: list[Any]) -> Iterator[Any]:
@@ -328,39 +340,53 @@ def _iter_profiler_events(roots: list[Any]) -> Iterator[Any]:
         stack.extend(event.children)
 
 
-def _cpu_allocation_events(prof: torch.profiler.profile) -> list[tuple[int, int, int, int]]:
-    """Allocation events ``(time_ns, order, ptr, signed_bytes)`` on the CPU, in time order.
+def _cpu_allocation_events(prof: torch.profiler.profile) -> tuple[list[tuple[int, int, int, int, bool]], bool]:
+    """Allocation events ``(time_ns, order, ptr, signed_bytes, on_caller_thread)`` on the CPU, in
+    time order, and whether the caller's thread was found (`_CALLER_MARK`).
 
-    Uses the profiler's event tree, whose allocation events carry the block pointer (the flat
-    ``[memory]`` events of ``prof.events()`` do not, and are attributed inclusively to every
+    Uses the profiler's event tree, whose allocation events carry the block pointer and thread (the
+    flat ``[memory]`` events of ``prof.events()`` do not, and are attributed inclusively to every
     enclosing op).
     """
-    events = []
     roots = prof.profiler.kineto_results.experimental_event_tree()
-    for event in _iter_profiler_events(roots):
+    events = list(_iter_profiler_events(roots))
+    caller_tids = {e.start_tid for e in events if e.name == _CALLER_MARK}
+    allocations = []
+    for event in events:
         if event.tag != torch._C._profiler._EventType.Allocation:
             continue
         extra = event.extra_fields
         if extra.device.type != "cpu" or extra.alloc_size == 0:
             continue
-        events.append((event.start_time_ns, len(events), extra.ptr, extra.alloc_size))
-    events.sort()
-    return events
+        on_caller = event.start_tid in caller_tids
+        allocations.append((event.start_time_ns, len(allocations), extra.ptr, extra.alloc_size, on_caller))
+    allocations.sort()
+    return allocations, bool(caller_tids)
 
 
-def _replay_allocations(events: list[tuple[int, int, int, int]]) -> AllocationTrace:
-    live_bytes_by_ptr: dict[int, int] = {}
-    current_bytes = peak_bytes = 0
+def _replay_allocations(events: list[tuple[int, int, int, int, bool]]) -> AllocationTrace:
+    """Replays allocations in time order: the caller thread's blocks (freed by whichever thread
+    frees them) make the step's series; other threads' blocks only their own peak."""
+    owner_and_bytes_by_ptr: dict[int, tuple[bool, int]] = {}
+    current_bytes = peak_bytes = other_bytes = other_peak_bytes = 0
     n_allocations = n_frees = n_foreign_frees = 0
     series = []
-    for _, _, ptr, signed_bytes in events:
+    for _, _, ptr, signed_bytes, on_caller in events:
         if signed_bytes > 0:
-            live_bytes_by_ptr[ptr] = signed_bytes
+            owner_and_bytes_by_ptr[ptr] = (on_caller, signed_bytes)
+            if not on_caller:
+                other_bytes += signed_bytes
+                other_peak_bytes = max(other_peak_bytes, other_bytes)
+                continue
             current_bytes += signed_bytes
             peak_bytes = max(peak_bytes, current_bytes)
             n_allocations += 1
-        elif ptr in live_bytes_by_ptr:
-            current_bytes -= live_bytes_by_ptr.pop(ptr)
+        elif ptr in owner_and_bytes_by_ptr:
+            owned_by_caller, size = owner_and_bytes_by_ptr.pop(ptr)
+            if not owned_by_caller:
+                other_bytes -= size
+                continue
+            current_bytes -= size
             n_frees += 1
         else:
             n_foreign_frees += 1
@@ -372,12 +398,14 @@ def _replay_allocations(events: list[tuple[int, int, int, int]]) -> AllocationTr
         n_allocations=n_allocations,
         n_frees=n_frees,
         n_foreign_frees=n_foreign_frees,
+        other_threads_peak_bytes=other_peak_bytes,
         live_delta_bytes=tuple(series),
     )
 
 
 def trace_cpu_allocations(thunk: Callable[[], Any]) -> AllocationTrace:
-    """Calls ``thunk()`` under the CPU memory profiler and replays its allocations.
+    """Calls ``thunk()`` under the CPU memory profiler and replays its allocations: the calling
+    thread's as the call's series and peak, other threads' (gloo's workers) apart.
 
     The return value of ``thunk`` is dropped inside the profiled region, so tensors it returns
     count as freed. Python garbage is collected first, so that earlier garbage is not freed
@@ -392,8 +420,12 @@ def trace_cpu_allocations(thunk: Callable[[], Any]) -> AllocationTrace:
     activities = [torch.profiler.ProfilerActivity.CPU]
     gc.collect()
     with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
-        thunk()
-    return _replay_allocations(_cpu_allocation_events(prof))
+        with torch.profiler.record_function(_CALLER_MARK):
+            thunk()
+    events, caller_found = _cpu_allocation_events(prof)
+    if not caller_found:
+        raise RuntimeError(f"the profiler did not record the {_CALLER_MARK!r} annotation around the call")
+    return _replay_allocations(events)
 
 
 # --------------------------------------------------------------------------------------------
@@ -418,6 +450,9 @@ class PeakMeasurement:
         method: ``"cpu_profiler"`` or ``"cuda_allocator"``.
         timeline_bytes: CPU: ``baseline_bytes`` plus the step's live bytes after each allocator
             event, in time order (a measured timeline; its maximum is `peak_bytes`). CUDA: empty.
+        other_threads_peak_bytes: CPU: the most bytes that threads other than the caller's (gloo's
+            workers staging collectives) held at once during the step, not part of `peak_bytes`.
+            CUDA: 0 (NCCL's buffers are outside the caching allocator).
     """
 
     peak_bytes: int
@@ -426,7 +461,8 @@ class PeakMeasurement:
     end_delta_bytes: int
     device: str
     method: str
-    timeline_bytes: tuple[int, ...] = ()
+    timeline_bytes: tuple[int, ...] = field(default=(), repr=False)
+    other_threads_peak_bytes: int = 0
 
     def summary(self) -> str:
         """One-line human-readable summary."""
@@ -434,6 +470,7 @@ class PeakMeasurement:
             f"peak {format_bytes(self.peak_bytes)} = baseline {format_bytes(self.baseline_bytes)} "
             f"+ step {format_bytes(self.step_peak_delta_bytes)} on {self.device} ({self.method}); "
             f"end delta {format_bytes(self.end_delta_bytes)}"
+            + (f"; other threads up to {format_bytes(self.other_threads_peak_bytes)}" if self.other_threads_peak_bytes else "")
         )
 
 
@@ -533,12 +570,12 @@ def measure_step_peak_bytes(
     device = _measured_device(inputs)
     if device.type == "cuda":
         baseline_bytes, peak_delta_bytes, end_delta_bytes = _cuda_peak(step, device)
-        method, timeline = "cuda_allocator", ()
+        method, timeline, other_threads_bytes = "cuda_allocator", (), 0
     else:
         baseline_bytes = sum(_distinct_storage_bytes(inputs + _existing_grads(inputs)).values())
         trace = trace_cpu_allocations(step)
         peak_delta_bytes, end_delta_bytes = trace.peak_delta_bytes, trace.end_delta_bytes
-        method = "cpu_profiler"
+        method, other_threads_bytes = "cpu_profiler", trace.other_threads_peak_bytes
         timeline = (baseline_bytes, *(baseline_bytes + b for b in trace.live_delta_bytes))
     return PeakMeasurement(
         peak_bytes=baseline_bytes + peak_delta_bytes,
@@ -548,4 +585,5 @@ def measure_step_peak_bytes(
         device=str(device),
         method=method,
         timeline_bytes=timeline,
+        other_threads_peak_bytes=other_threads_bytes,
     )

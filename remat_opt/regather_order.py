@@ -80,3 +80,10 @@ def place_regathers_before_use(backward_trace: TraceCtx) -> TraceCtx:
     reordered = del_last_used(reordered, clear_mutable_collections=True)
     reordered.set_provenance(TraceProvenance("CostRemat: FSDP re-gathers placed just before their first use"))
     return reordered
+
+
+def order_fsdp_collectives(trace: TraceCtx, in_flight: int | None) -> TraceCtx:
+    """A forward or backward with FSDP's collectives where CostRemat's plans have them (at most
+    `in_flight` in flight, then backward re-gathers before first use): what CostRemat's
+    post-optimization pass runs and what its dry runs predict, so that the two cannot drift."""
+    return place_regathers_before_use(limit_collectives_in_flight(trace, in_flight))

@@ -13,7 +13,8 @@ compilation without it.
 
     clock = OpClock()
     jitted = thunder.jit(model, executors=executors, transforms=[clock])
-    times = time_ops_in_step(jitted, inputs, graph, clock, steps=10)   # {op key: median seconds}
+    step = lambda: jitted(*inputs).float().sum().backward()
+    times = time_ops_in_step(step, graph, clock, steps=10)   # {op key: median seconds}
 """
 
 from __future__ import annotations

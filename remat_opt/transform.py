@@ -36,7 +36,7 @@ from remat_opt.errors import InfeasibleBudgetError  # noqa: E402
 from remat_opt import fusion_search as fs  # noqa: E402
 from remat_opt.plan import RECOMPUTE, SAVE, simulate_peak_bytes  # noqa: E402
 from remat_opt.collective_order import ALL_GATHER, check_in_flight  # noqa: E402
-from remat_opt.regather_order import limit_collectives_in_flight, place_regathers_before_use  # noqa: E402
+from remat_opt.regather_order import order_fsdp_collectives  # noqa: E402
 from remat_opt.planning import FusionOutcome, PlanRequest, PlannedStep, plan_step  # noqa: E402
 
 # The plan behind each computation trace CostRemat returned. Thunder keeps that trace in its cache
@@ -214,8 +214,7 @@ class CostRemat(Transform):
         """FSDP's collectives where the plan's peak has them: backward re-gathers just before first use
         (Thunder issues them all at the backward's start), and with `collectives_in_flight`, at most
         that many all-gathers or reduce-scatters in flight (`remat_opt.regather_order`)."""
-        trace = limit_collectives_in_flight(computation_trace, self.collectives_in_flight)
-        return place_regathers_before_use(trace)
+        return order_fsdp_collectives(computation_trace, self.collectives_in_flight)
 
     def _plan(self, graph, planner, subgraph, request: PlanRequest) -> PlannedStep:
         """Plans one compilation. Under ThunderFX the model's budget is shared by Dynamo's subgraphs:

@@ -110,7 +110,7 @@ def _run_case(strategy: str, budget_bytes: int | None, rank: int, eager: dict, e
     step = last_planned_step(jitted)
     grad_error, grad_relative_error = _grad_errors(strategy, jitted, eager, rank)
     measure_peak = strategy == "ddp" or in_flight is not None or os.environ.get("REMAT_OPT_MEASURE_FSDP_PEAK") == "1"
-    peak_bytes = measure_step_peak_bytes(jitted, *inputs).peak_bytes if measure_peak else None
+    peak_measurement = measure_step_peak_bytes(jitted, *inputs) if measure_peak else None
     from remat_opt.solvers import minimum_saved_bytes
     from remat_opt.solvers.ilp_bounds import minimum_peak_bytes
 
@@ -128,7 +128,8 @@ def _run_case(strategy: str, budget_bytes: int | None, rank: int, eager: dict, e
         "keep_minimum_bytes": keep_minimum,
         "measured_saved_bytes": measured.activation_bytes,
         "predicted_saved_bytes": step.plan.saved_bytes,
-        "measured_peak_bytes": peak_bytes,
+        "measured_peak_bytes": None if peak_measurement is None else peak_measurement.peak_bytes,
+        "measured_other_threads_peak_bytes": None if peak_measurement is None else peak_measurement.other_threads_peak_bytes,
         "predicted_peak_bytes": step.plan.peak_bytes,
         "least_peak_bytes": least_peak,
         "grad_error": grad_error,

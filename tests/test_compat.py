@@ -2,6 +2,9 @@
 
 import remat_opt  # noqa: F401
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -179,3 +182,27 @@ def test_item_wrapping_step_is_applied_only_where_thunder_iterates_the_live_dict
     assert not ensure_item_wrapping_retries(fixed) and fixed.populate_item_wrappers is snapshot
     broken = types.SimpleNamespace(populate_item_wrappers=live)
     assert ensure_item_wrapping_retries(broken) and broken.populate_item_wrappers.__wrapped__ is live
+
+
+def _fresh_interpreter(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+
+
+def test_import_remat_opt_then_thunder_works_in_a_fresh_interpreter():
+    # the natural order: `import remat_opt` installs the step before `import thunder` runs
+    result = _fresh_interpreter(
+        "import sys, remat_opt; assert 'torch' not in sys.modules, 'import remat_opt imported torch'\n"
+        "import thunder, torch\n"
+        "print(thunder.jit(lambda x: x * 2)(torch.ones(2)).tolist())"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("[2.0, 2.0]")
+
+
+def test_the_import_hook_steps_aside_once_thunder_is_imported():
+    from remat_opt import _thunder_import
+
+    import thunder  # noqa: F401
+
+    assert not _thunder_import.install()  # Thunder is imported: nothing to do
+    assert not any(isinstance(f, _thunder_import.ThunderImportHook) for f in sys.meta_path)

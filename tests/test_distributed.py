@@ -97,8 +97,7 @@ def test_a_budget_keeping_weights_cannot_meet_is_met_by_re_gathering(ranks):
 
 
 def test_ddp_step_peak_within_5_percent_of_prediction(ranks):
-    # FSDP's is checked by benchmarks/distributed_check.py at seq 256: at this size gloo's staging
-    # buffers (allocated on its worker threads, 64 KiB here) overlap the main thread's by chance, ~10%
+    # the step's own allocations (the calling thread's); gloo's worker threads are measured apart
     for result in ranks:
         for label in ("ddp-save_all", "ddp-minimum"):
             case = result[label]
@@ -114,13 +113,15 @@ def test_cost_remat_before_the_data_parallel_transform_is_a_one_line_error(ranks
 def test_collectives_in_flight_go_below_the_floor_of_thunders_order(ranks):
     # Thunder issues every all-gather at the forward's start and waits for every reduce-scatter at
     # the backward's end: no plan's step peak goes below the least found in that order; with one
-    # collective in flight the least is lower, and the step measures what the plan predicts
-    # (within 5%, or above by at most one 64 KiB gloo staging buffer that gloo's worker thread may
-    # hold while the main thread allocates: see test_ddp_step_peak_within_5_percent_of_prediction)
+    # collective in flight the least is lower, and the step measures what the plan predicts. The
+    # measured peak is the step's own allocations: the 64 KiB buffers gloo's worker threads stage
+    # collectives in are reported apart (`PeakMeasurement.other_threads_peak_bytes`), because
+    # whether they overlap the step's peak is thread timing (they made this check fail by chance)
     for rank, result in enumerate(ranks):
         case, floor = result["fsdp-in_flight_least"], result["fsdp-save_all"]["least_peak_bytes"]
         measured, predicted = case["measured_peak_bytes"], case["predicted_peak_bytes"]
         figures = (rank, measured, predicted, case["budget_bytes"], floor)
         assert predicted <= case["budget_bytes"] < floor, figures
         assert measured < floor, figures
-        assert abs(measured - predicted) <= 0.05 * measured or 0 <= measured - predicted <= 65_536, figures
+        assert abs(measured - predicted) <= 0.05 * measured, figures
+        assert case["measured_other_threads_peak_bytes"] > 0, "gloo's staging was not seen on its threads"

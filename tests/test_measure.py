@@ -15,6 +15,7 @@ from remat_opt.measure import (
     format_bytes,
     measure_saved_bytes,
     measure_step_peak_bytes,
+    _replay_allocations,
     trace_cpu_allocations,
 )
 
@@ -172,6 +173,28 @@ def test_profiler_ignores_frees_of_older_blocks():
     # The free of the earlier-profiled block is reported (and ignored); the free of `old`'s
     # first block is not reported at all (the allocator never learned its size).
     assert trace.n_foreign_frees >= 1
+
+
+def test_other_threads_blocks_are_reported_apart_from_the_callers():
+    # (time, order, ptr, signed bytes, on the caller's thread): gloo's worker threads stage
+    # collectives in blocks of their own; a block of the caller's may be freed on another thread
+    events = [
+        (1, 0, 0x10, 100, True),
+        (2, 1, 0x20, 64, False),  # a worker's staging buffer, alive across the caller's peak
+        (3, 2, 0x30, 50, True),
+        (4, 3, 0x10, -100, False),  # the caller's block, released by the worker
+        (5, 4, 0x20, -64, False),
+    ]
+    trace = _replay_allocations(events)
+    assert (trace.peak_delta_bytes, trace.end_delta_bytes, trace.other_threads_peak_bytes) == (150, 50, 64)
+    assert (trace.n_allocations, trace.n_frees) == (2, 1)
+    assert trace.live_delta_bytes == (100, 150, 50)
+
+
+def test_peak_measurement_repr_leaves_out_the_timeline():
+    peak = PeakMeasurement(peak_bytes=10, baseline_bytes=4, step_peak_delta_bytes=6, end_delta_bytes=0,
+                           device="cpu", method="cpu_profiler", timeline_bytes=tuple(range(1000)))
+    assert "timeline" not in repr(peak) and len(repr(peak)) < 300
 
 
 class _KnownAllocations(torch.autograd.Function):
