@@ -17,7 +17,7 @@ Systems:
                          torch.compile executor (TorchCompile fusion regions on CPU, as nvFuser's on
                          a GPU; Thunder's rematerialization runs on them), the fair peer of torch.compile.
     CostRemat tc         the same executors with CostRemat, which plans through that executor's fusion
-                         pass (`remat_opt.fusion_search`), at the least saved bytes it reaches and at
+                         pass (`remat_opt.planning.fusion_search`), at the least saved bytes it reaches and at
                          25, 50 and 75% of ``thunder tc``'s own save-all (``--no-torch-compile-executor``
                          leaves both out).
     torch.compile        ``torch.compile(forward, backend="inductor", fullgraph=True)`` with
@@ -34,10 +34,10 @@ Systems:
                          without it).
 
 How each column is obtained:
-    saved MB         ``remat_opt.measure.measure_saved_bytes(...).activation_bytes``: the bytes of the
+    saved MB         ``remat_opt.validation.measure.measure_saved_bytes(...).activation_bytes``: the bytes of the
                      distinct storages that autograd holds for backward when the forward returns
                      (``saved_tensors_hooks``), parameters and inputs excluded. MB = 10^6 bytes.
-    peak MB          ``remat_opt.measure.measure_step_peak_bytes``: the CPU profiler's allocation
+    peak MB          ``remat_opt.validation.measure.measure_step_peak_bytes``: the CPU profiler's allocation
                      events of one training step (after one warm-up step, ``.grad`` set to None)
                      replayed in order; parameters, input and the new gradients included.
     step ms          median wall time of one step (forward, loss, backward; ``.grad`` set to None
@@ -105,8 +105,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from remat_opt.executors import executors_for
-from remat_opt.measure import measure_saved_bytes, measure_step_peak_bytes
-from remat_opt.transform import CostRemat, last_planned_step
+from remat_opt.validation.measure import measure_saved_bytes, measure_step_peak_bytes
+from remat_opt.transform.cost_remat import CostRemat, last_planned_step
 
 GRAD_RTOL = 1e-4
 GRAD_ATOL = 1e-5

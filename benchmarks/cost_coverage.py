@@ -15,12 +15,12 @@ from remat_opt import _compat  # noqa: F401  (applies the torch compatibility st
 import time
 
 from remat_opt.executors import executors_for
-from remat_opt.examples import block
-from remat_opt.extract import analyze
-from remat_opt.models import ModelSpec, build_model
+from remat_opt.models.examples import block
+from remat_opt.tracing.extract import analyze
+from remat_opt.models.by_name import ModelSpec, build_model
 
-from remat_opt.costing import coverage_report
-from remat_opt.profiling import replay
+from remat_opt.costing.graph_costs import coverage_report
+from remat_opt.costing.profiling import replay
 
 FAMILIES = ("Llama-2-7b-hf", "Llama-3-8B", "gemma-2b", "phi-2", "pythia-14m", "Mistral-7B-v0.1", "block")
 

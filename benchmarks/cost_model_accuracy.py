@@ -1,13 +1,13 @@
 """How well the costs predict measured time: profile a tiny Llama on the CPU and compare.
 
 For each sequence length and executor list: analyze a tiny one-layer Llama-2, profile every
-distinct op and fusion region (`remat_opt.profiling.profile_graph`; regions are timed whole through
+distinct op and fusion region (`remat_opt.costing.profiling.profile_graph`; regions are timed whole through
 the callables Thunder built for them), write the cost table and read it back, then print
 
 * the Spearman rank correlation of roofline vs measured time per distinct op and region (the
   formulas' ranking), over all of them and over the forward ops alone (the recompute candidates);
 * per distinct op and region, each table's times and the roofline's against the same ops timed
-  inside the real training step (`remat_opt.step_timing.OpClock`: a clock read around every op of
+  inside the real training step (`remat_opt.validation.step_timing.OpClock`: a clock read around every op of
   the compiled traces): the Spearman rank correlation, and the summed in-step op times against
   the traces run directly (what the clock itself adds);
 * for each timing method (`costmodels.timing.ProfileOptions.method`: ops timed in the step's order,
@@ -45,14 +45,14 @@ import thunder
 import torch
 
 from remat_opt.executors import EXECUTOR_CHOICES, executors_for
-from remat_opt.extract import analyze
-from remat_opt.models import ModelSpec, build_model
+from remat_opt.tracing.extract import analyze
+from remat_opt.models.by_name import ModelSpec, build_model
 
 from costmodels.timing import TIMING_METHODS, ProfileOptions
-from remat_opt.profiling import profile_graph
-from remat_opt.cost_report import compare, format_comparison, rank_agreement, spearman
-from remat_opt.step_timing import OpClock, time_ops_in_step
-from remat_opt.costing import CostModel, op_args
+from remat_opt.costing.profiling import profile_graph
+from remat_opt.validation.cost_report import compare, format_comparison, rank_agreement, spearman
+from remat_opt.validation.step_timing import OpClock, time_ops_in_step
+from remat_opt.costing.graph_costs import CostModel, op_args
 from costmodels.formulas import is_fusion_symbol
 from costmodels.table import load_table, op_key, save_table
 

@@ -19,9 +19,9 @@ import thunder
 import torch
 
 from remat_opt.executors.sdpa_cpu import sdpa_cpu_ex
-from remat_opt.measure import measure_saved_bytes
-from remat_opt.report import format_bytes
-from remat_opt.transform import CostRemat
+from remat_opt.validation.measure import measure_saved_bytes
+from remat_opt.core.report import format_bytes
+from remat_opt.transform.cost_remat import CostRemat
 
 
 def _system(args, transform):

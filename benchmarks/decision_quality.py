@@ -17,7 +17,7 @@ cost model's forward+backward total) and measured (the median save-all step of t
 With a fusion executor (``--executors``) the budgets are fractions of that
 executor's own save-all and each plan is made through Thunder's fusion pass (a few dry runs per
 compilation); ``auto`` then times the fusion regions whole and prices each recomputed op by its
-share of its region (`remat_opt.costing`).
+share of its region (`remat_opt.costing.graph_costs`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import torch  # noqa: E402
 
 from remat_opt import InfeasibleBudgetError  # noqa: E402
 from remat_opt.executors import EXECUTOR_CHOICES, executors_for  # noqa: E402
-from remat_opt.measure import measure_saved_bytes  # noqa: E402
-from remat_opt.transform import CostRemat, last_planned_step  # noqa: E402
+from remat_opt.validation.measure import measure_saved_bytes  # noqa: E402
+from remat_opt.transform.cost_remat import CostRemat, last_planned_step  # noqa: E402
 
 FRACTIONS = (("save-all", 1.0), ("75%", 0.75), ("50%", 0.5), ("25%", 0.25), ("minimum", 0.0))
 

@@ -17,12 +17,12 @@ import argparse
 import time
 
 from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
-from remat_opt.data_parallel import STRATEGIES, DataParallel
+from remat_opt.distributed.data_parallel import STRATEGIES, DataParallel
 from remat_opt.executors import EXECUTOR_CHOICES, default_executors
-from remat_opt.graph_diff import structural_differences
-from remat_opt.model_graphs import analyze_spec
-from remat_opt.models import ModelSpec
-from remat_opt.plan import simulate_peak_bytes
+from remat_opt.validation.graph_diff import structural_differences
+from remat_opt.models.graphs import analyze_spec
+from remat_opt.models.by_name import ModelSpec
+from remat_opt.core.plan import simulate_peak_bytes
 
 
 def main() -> None:
@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--traced-layers", type=int, default=4)
     parser.add_argument("--executors", choices=EXECUTOR_CHOICES, default=default_executors("meta"))
-    parser.add_argument("--tiny", action="store_true", help="shrink the config's width (remat_opt.models)")
+    parser.add_argument("--tiny", action="store_true", help="shrink the config's width (remat_opt.models.by_name)")
     parser.add_argument("--strategy", choices=STRATEGIES, default=None, help="one rank under FSDP or DDP")
     parser.add_argument("--world-size", type=int, default=2)
     args = parser.parse_args()

@@ -1,6 +1,6 @@
 """CostRemat under Thunder's FSDP and DDP on 2 gloo ranks (CPU): the full matrix of budgets.
 
-Runs `tests/distributed_runs.py`'s cases on tiny 1-layer Llama-2 and Pythia (seq 256, where the
+Runs `tests/distributed/distributed_runs.py`'s cases on tiny 1-layer Llama-2 and Pythia (seq 256, where the
 step peak depends on the plan): for FSDP, save-all, 50% of save-all, 1 B below what keeping every
 unsharded weight can reach, the minimum, and step-peak budgets 25% and 60% of the way from the least
 peak to save-all's; for DDP the same without the keep case. Prints, per rank and case, the budget,
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "distributed"))
 
 from distributed_runs import spawn  # noqa: E402
 from test_distributed import FULL_CASES  # noqa: E402

@@ -10,13 +10,13 @@ executors when importable) it runs, one after the other:
 * ``CostRemat zero-time``: `CostRemat()` with no budget, whose plan gives the predicted save-all peak;
 * ``CostRemat x.xx``: `CostRemat(budget_gb=frac * predicted save-all peak)` per ``--budgets-frac``.
 
-Per run it prints the measured step peak (`remat_opt.measure.measure_step_peak_bytes`, i.e.
-``torch.cuda.max_memory_allocated`` over one step) next to the plan's ``peak_bytes`` (`remat_opt.transform.last_planned_step`), the
+Per run it prints the measured step peak (`remat_opt.validation.measure.measure_step_peak_bytes`, i.e.
+``torch.cuda.max_memory_allocated`` over one step) next to the plan's ``peak_bytes`` (`remat_opt.transform.cost_remat.last_planned_step`), the
 median step time (CUDA events, after warm-up), and whether an SDPA forward was recomputed (an SDPA
 forward symbol in ``thunder.last_backward_traces(jitted)[-1]``).
 
 Then (issue 13) the ``nvFusionN`` regions of Thunder's own compilation are timed whole on the GPU
-through the fusion definitions Thunder built (`remat_opt.profiling.profile_graph`, CUDA events), and
+through the fusion definitions Thunder built (`remat_opt.costing.profiling.profile_graph`, CUDA events), and
 the summed table is printed beside Thunder alone's median step; with ``--auto-costs`` one more run
 plans at the first budget with ``cost_table="auto"`` (regions timed whole price the recomputed ops).
 
@@ -151,7 +151,7 @@ def run_one(label, transform, model, x, ex_list, args) -> dict:
     import thunder
     import torch
 
-    from remat_opt.measure import measure_step_peak_bytes
+    from remat_opt.validation.measure import measure_step_peak_bytes
 
     row = {"label": label, "predicted": None, "measured": None, "max_alloc": None, "ms": None,
            "sdpa": None, "tags": None, "error": None}
@@ -162,7 +162,7 @@ def run_one(label, transform, model, x, ex_list, args) -> dict:
         row["measured"] = peak.peak_bytes
         row["max_alloc"] = torch.cuda.max_memory_allocated()
         if transform is not None:
-            from remat_opt.transform import last_planned_step
+            from remat_opt.transform.cost_remat import last_planned_step
 
             step = last_planned_step(jitted)
             row["predicted"] = step.plan.peak_bytes
@@ -181,7 +181,7 @@ def run_one(label, transform, model, x, ex_list, args) -> dict:
 
 
 def _save_all_peak(planned_step) -> int:
-    from remat_opt.explanation import explain_step
+    from remat_opt.planning.explanation import explain_step
 
     return explain_step(planned_step).save_all_peak_bytes
 
@@ -216,7 +216,7 @@ def main(argv=None) -> int:
 
     # isort: on
     from costmodels.devices import get_device_spec
-    from remat_opt.transform import CostRemat
+    from remat_opt.transform.cost_remat import CostRemat
 
     device_name = torch.cuda.get_device_name()
     spec = get_device_spec(args.device_spec or device_name).name
@@ -261,8 +261,8 @@ def regions_timed_whole(args, model, x, ex_list, base: dict) -> None:
     (regions whole, through the fusion definitions Thunder built), summed beside the measured step."""
     from costmodels.formulas import is_fusion_symbol
     from remat_opt import analyze
-    from remat_opt.costing import CostModel
-    from remat_opt.profiling import REGION_NOTE, profile_graph
+    from remat_opt.costing.graph_costs import CostModel
+    from remat_opt.costing.profiling import REGION_NOTE, profile_graph
 
     graph = analyze(model, x, executors=ex_list)
     table = profile_graph(graph, device="cuda", progress=False, model=f"{args.model} n_layer={args.n_layer}")
@@ -284,8 +284,8 @@ def standin_against_nvfuser(args, model, x, ex_list, base: dict) -> None:
 
     from remat_opt import analyze
     from remat_opt.executors import executors_for
-    from remat_opt.graph_diff import saved_set_differences, saved_signatures
-    from remat_opt.plan import simulate_peak_bytes
+    from remat_opt.validation.graph_diff import saved_set_differences, saved_signatures
+    from remat_opt.core.plan import simulate_peak_bytes
 
     real = analyze(model, x, executors=ex_list)
     with torch.device("meta"):

@@ -2,7 +2,7 @@
 
 For each depth: trace (or load a cached graph), build the problem, then solve with the ILP and the
 min-cut at three saved-bytes budgets and three peak budgets, verify every plan with the
-independent checker, and print one line per solve. Op times come from `remat_opt.costing` (formula
+independent checker, and print one line per solve. Op times come from `remat_opt.costing.graph_costs` (formula
 roofline on the named GPU).
 
     .venv/bin/python benchmarks/solve_llama.py --layers 2 8 32 --cache /tmp/remat_graphs
@@ -18,10 +18,10 @@ import pickle
 import time
 from pathlib import Path
 
-from remat_opt.plan import check_plan
-from remat_opt.problem import RecomputeProblem
+from remat_opt.core.plan import check_plan
+from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers import SOLVERS, ILPOptions, solve_save_all
-from remat_opt.layers import find_repeated_blocks
+from remat_opt.core.layers import find_repeated_blocks
 from remat_opt.solvers.blocks import choose_ties
 from remat_opt.solvers.ilp_bounds import minimum_saved_bytes, peak_model_minimum
 from remat_opt.solvers.ilp_model import ILPModel
@@ -33,12 +33,12 @@ def load_graph(n_layer: int, seq: int, cache: Path | None, traced_layers: int):
     """The joint graph of Llama-2-7b with `n_layer` layers on meta (traced, or from `cache`).
 
     Deeper than `traced_layers`, it is traced with that many layers and extended
-    (`remat_opt.model_graphs.analyze_model`; identical to a direct trace, `benchmarks/deepen_check.py`).
+    (`remat_opt.models.graphs.analyze_model`; identical to a direct trace, `benchmarks/deepen_check.py`).
     """
     path = cache / f"llama2-7b-L{n_layer}-T{seq}-from{traced_layers}.pkl" if cache else None
     if path is not None and path.exists():
         return pickle.loads(path.read_bytes()), 0.0
-    from remat_opt.model_graphs import analyze_model
+    from remat_opt.models.graphs import analyze_model
 
     start = time.perf_counter()
     graph = analyze_model("Llama-2-7b-hf", seq=seq, dtype="bfloat16", n_layer=n_layer, traced_layers=traced_layers)
@@ -50,7 +50,7 @@ def load_graph(n_layer: int, seq: int, cache: Path | None, traced_layers: int):
 
 
 def op_times(graph, device: str) -> tuple[dict[str, float], str]:
-    from remat_opt.costing import CostModel
+    from remat_opt.costing.graph_costs import CostModel
 
     costs = CostModel(graph, device)
     return {op.name: costs.op_cost(op).time_s for op in graph.forward_ops}, f"costmodels ({device})"

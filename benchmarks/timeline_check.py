@@ -3,7 +3,7 @@
 Runs a model under Thunder on CPU twice, with `CostRemat` at save-all and at a fraction of the
 save-all activation budget, measures each step's allocator timeline
 (`remat_opt.measure_step_peak_bytes`) and draws it under the predicted timelines
-(`remat_opt.curves.plot_timeline`). Prints predicted and measured peaks side by side.
+(`remat_opt.analysis.curves.plot_timeline`). Prints predicted and measured peaks side by side.
 
     .venv/bin/python benchmarks/timeline_check.py --fraction 0.25 --out docs/timeline_llama2_tiny_cpu.png
 """
@@ -17,12 +17,12 @@ from remat_opt import _compat  # noqa: F401
 import thunder  # noqa: E402
 
 from remat_opt import CostRemat, analyze  # noqa: E402
-from remat_opt.curves import plot_timeline  # noqa: E402
+from remat_opt.analysis.curves import plot_timeline  # noqa: E402
 from remat_opt.executors import executors_for  # noqa: E402
-from remat_opt.measure import measure_step_peak_bytes  # noqa: E402
-from remat_opt.models import ModelSpec, build_model  # noqa: E402
-from remat_opt.plan import simulate_step  # noqa: E402
-from remat_opt.transform import last_planned_step  # noqa: E402
+from remat_opt.validation.measure import measure_step_peak_bytes  # noqa: E402
+from remat_opt.models.by_name import ModelSpec, build_model  # noqa: E402
+from remat_opt.core.plan import simulate_step  # noqa: E402
+from remat_opt.transform.cost_remat import last_planned_step  # noqa: E402
 
 
 def main() -> None:

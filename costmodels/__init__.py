@@ -8,8 +8,8 @@ Modules:
     timing: timing one call on a device (`ProfileOptions`, `time_call`).
 
 A leaf library: it never imports `remat_opt` or Thunder (an import-linter contract in
-pyproject.toml checks it). Costing a whole joint graph is `remat_opt.costing`; profiling one is
-`remat_opt.profiling`.
+pyproject.toml checks it). Costing a whole joint graph is `remat_opt.costing.graph_costs`; profiling one is
+`remat_opt.costing.profiling`.
 """
 
 from costmodels.formulas import OpArgs, OpCost, TensorMeta, formula_cost, register_cost

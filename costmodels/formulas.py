@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-# Bytes per element of the dtype names that `remat_opt.graph.TensorNode.dtype` uses.
+# Bytes per element of the dtype names that `remat_opt.core.graph.TensorNode.dtype` uses.
 ITEMSIZE = {
     "float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
     "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16,
@@ -131,7 +131,7 @@ class OpCost:
         source: where `time_s` comes from, one of `TIME_SOURCES`: ``"formula"`` (roofline over
             this cost), ``"measured"`` (a cost-table entry for this op), ``"measured region"`` (a
             fusion region timed whole, as its executor runs it) or ``"region share"`` (an unfused
-            op priced by its share of a region measured whole; see `remat_opt.costing`).
+            op priced by its share of a region measured whole; see `remat_opt.costing.graph_costs`).
         network_bytes: bytes this rank sends over the interconnect (collectives; 0 otherwise).
         collective_calls: collective calls issued (each pays the link's latency); an op with any
             is timed by the interconnect, not the roofline.

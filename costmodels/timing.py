@@ -1,5 +1,5 @@
 """Timing one call on a device: warm-up, then the median of repeats (CUDA events on a GPU, wall
-clock on the CPU). Used by the profiler of `remat_opt.profiling` and by the benchmarks."""
+clock on the CPU). Used by the profiler of `remat_opt.costing.profiling` and by the benchmarks."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class ProfileOptions:
 
     Attributes:
         method: ``"in-order"``: replay the whole graph `warmup` + `repeats` times and time every call
-            as it runs in the step's order (`remat_opt.profiling.replay`); ``"loop"``: time each
+            as it runs in the step's order (`remat_opt.costing.profiling.replay`); ``"loop"``: time each
             distinct op alone, repeating the call on the same tensors.
         warmup: untimed passes (in order) or calls (loop) before timing.
         repeats: timed passes (in order) or calls at least (loop).

@@ -10,7 +10,7 @@ torch nor Thunder:
 * `sdpa_cpu_ex` (fused SDPA on CPU and meta, so that traces there look like GPU traces);
 * the errors to catch: `InfeasibleBudgetError`, `ModelTraceError`, `DeepenError`.
 
-Internals live in their modules (`remat_opt.graph`, `remat_opt.solvers`, ...). The modules that
+Internals live in their modules (`remat_opt.core.graph`, `remat_opt.solvers`, ...). The modules that
 touch Thunder apply the torch compatibility steps (`remat_opt._compat`) before importing it, and
 ``import remat_opt`` installs a hook that runs the step Thunder needs to import at all before the
 first ``import thunder`` (`remat_opt._thunder_import`; torch is not imported until then), so
@@ -24,18 +24,18 @@ __version__ = "0.1.0"
 _thunder_import.install()
 
 _LAZY = {
-    "CostRemat": ("remat_opt.transform", "CostRemat"),
-    "explain": ("remat_opt.transform", "explain"),
-    "analyze": ("remat_opt.extract", "analyze"),
-    "analyze_model": ("remat_opt.model_graphs", "analyze_model"),
-    "plan_graph": ("remat_opt.planning", "plan_graph"),
-    "pareto_curve": ("remat_opt.planning", "pareto_curve"),
-    "measure_saved_bytes": ("remat_opt.measure", "measure_saved_bytes"),
-    "measure_step_peak_bytes": ("remat_opt.measure", "measure_step_peak_bytes"),
+    "CostRemat": ("remat_opt.transform.cost_remat", "CostRemat"),
+    "explain": ("remat_opt.transform.cost_remat", "explain"),
+    "analyze": ("remat_opt.tracing.extract", "analyze"),
+    "analyze_model": ("remat_opt.models.graphs", "analyze_model"),
+    "plan_graph": ("remat_opt.planning.planner", "plan_graph"),
+    "pareto_curve": ("remat_opt.planning.planner", "pareto_curve"),
+    "measure_saved_bytes": ("remat_opt.validation.measure", "measure_saved_bytes"),
+    "measure_step_peak_bytes": ("remat_opt.validation.measure", "measure_step_peak_bytes"),
     "sdpa_cpu_ex": ("remat_opt.executors.sdpa_cpu", "sdpa_cpu_ex"),
-    "InfeasibleBudgetError": ("remat_opt.errors", "InfeasibleBudgetError"),
-    "ModelTraceError": ("remat_opt.extract", "ModelTraceError"),
-    "DeepenError": ("remat_opt.deepen", "DeepenError"),
+    "InfeasibleBudgetError": ("remat_opt.core.errors", "InfeasibleBudgetError"),
+    "ModelTraceError": ("remat_opt.tracing.extract", "ModelTraceError"),
+    "DeepenError": ("remat_opt.core.deepen", "DeepenError"),
 }
 
 

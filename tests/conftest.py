@@ -7,7 +7,7 @@ Three things keep the suite fast on 2 cores (README: ``pytest -n 2 --dist loadsc
 * the longest files start first (`_LONGEST_FIRST`; ``--no-loadscope-reorder`` keeps xdist from
   sorting files by their number of tests instead);
 * graphs the CLI traces are cached for the run in one directory shared by the workers
-  (``REMAT_OPT_GRAPH_CACHE``, `remat_opt.graph_cache`): each tiny config is traced once per run.
+  (``REMAT_OPT_GRAPH_CACHE``, `remat_opt.models.graph_cache`): each tiny config is traced once per run.
 """
 
 import os
@@ -19,7 +19,7 @@ from remat_opt import _compat  # noqa: F401
 
 import pytest
 
-# Tiny litgpt configs, one per family (see remat_opt.models.tiny_overrides).
+# Tiny litgpt configs, one per family (see remat_opt.models.by_name.tiny_overrides).
 FAMILIES = ("Llama-2-7b-hf", "Llama-3-8B", "gemma-2b", "phi-2", "pythia-14m")
 
 

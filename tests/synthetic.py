@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field, replace
 
-from remat_opt.graph import (
+from remat_opt.core.graph import (
     REASON_FORWARD_OUTPUT,
     REASON_INPUT,
     REASON_RANDOM,
@@ -212,7 +212,7 @@ def random_problem(seed: int, *, n_ops: tuple[int, int] = (4, 11)):
 
     Whole microseconds make float sums of times compare exactly with the ILP's integer times.
     """
-    from remat_opt.problem import RecomputeProblem
+    from remat_opt.core.problem import RecomputeProblem
 
     graph = random_joint_graph(seed, n_ops=n_ops)
     rng = random.Random(seed)
@@ -223,7 +223,7 @@ def proxy_op_time_s(graph: JointGraph, *, bytes_per_s: float = 1e10, overhead_s:
     """FLOP-free op times for tests and examples: bytes written / `bytes_per_s` + `overhead_s`.
 
     Views write nothing new (their output storage is an input's), so they cost only the overhead.
-    This is not a cost model (`remat_opt.costing` is): it only gives solver tests plausible times.
+    This is not a cost model (`remat_opt.costing.graph_costs` is): it only gives solver tests plausible times.
     """
     times = {}
     for op in graph.forward_ops:

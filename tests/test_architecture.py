@@ -45,12 +45,15 @@ def test_import_contracts_are_kept():
 @pytest.mark.parametrize(
     ("module", "line", "broken"),
     [
-        ("remat_opt/graph.py", "from remat_opt import planning", "remat_opt layers"),
-        ("remat_opt/solvers/mincut.py", "import remat_opt.cli", "remat_opt layers"),
-        ("costmodels/formulas.py", "import remat_opt.graph", "costmodels is a leaf library"),
-        ("remat_opt/plan.py", "from remat_opt import _compat", "never patches torch"),
+        ("remat_opt/core/graph.py", "from remat_opt.planning import planner", "remat_opt packages"),
+        ("remat_opt/solvers/mincut.py", "import remat_opt.cli.main", "remat_opt packages"),
+        ("remat_opt/core/graph.py", "from remat_opt.core import problem", "the core: each module"),
+        ("costmodels/formulas.py", "import remat_opt.core.graph", "costmodels is a leaf library"),
+        ("remat_opt/core/plan.py", "from remat_opt import _compat", "never patch torch"),
+        ("remat_opt/solvers/ilp.py", "import torch", "need no torch"),
     ],
-    ids=["graph-imports-planning", "solver-imports-cli", "costmodels-imports-remat_opt", "plan-patches-torch"],
+    ids=["graph-imports-planning", "solver-imports-cli", "graph-imports-problem", "costmodels-imports-remat_opt",
+         "plan-patches-torch", "solver-imports-torch"],
 )
 def test_a_deliberate_violation_breaks_a_contract(tmp_path, module, line, broken):
     """The contracts can fail: a copy of the tree with one upward import breaks the named one."""
@@ -68,7 +71,7 @@ def test_a_deliberate_violation_breaks_a_contract(tmp_path, module, line, broken
 def test_the_data_model_solvers_and_costs_import_neither_torch_nor_thunder():
     printed = _python(
         "import sys",
-        "import remat_opt, remat_opt.graph, remat_opt.plan, remat_opt.problem, remat_opt.solvers, remat_opt.planning",
+        "import remat_opt, remat_opt.core.graph, remat_opt.core.plan, remat_opt.core.problem, remat_opt.solvers, remat_opt.planning.planner",
         "import costmodels, costmodels.formulas, costmodels.devices, costmodels.table",
         "print(sorted(m for m in ('torch', 'thunder', 'remat_opt._compat') if m in sys.modules))",
     )
@@ -101,7 +104,10 @@ def test_public_surface_is_the_user_api():
             getattr(remat_opt, internal)
 
 
-@pytest.mark.parametrize("package", ["remat_opt", "remat_opt.solvers", "remat_opt.executors", "costmodels"])
+@pytest.mark.parametrize("package", ["remat_opt", "remat_opt.core", "remat_opt.solvers", "remat_opt.costing",
+                                     "remat_opt.planning", "remat_opt.tracing", "remat_opt.distributed",
+                                     "remat_opt.transform", "remat_opt.models", "remat_opt.analysis",
+                                     "remat_opt.validation", "remat_opt.executors", "costmodels"])
 def test_no_attribute_hides_a_module_of_the_same_name(package):
     """`package.x` is the module `package.x` whenever such a module exists (no function shadows it)."""
     pkg = importlib.import_module(package)

@@ -12,7 +12,7 @@ that happens, so CPU/meta graphs save every intermediate. This executor reproduc
   nvFuser leaves off by default (their checker reads an ``nv_enable_*`` option: linear, matmul,
   SDPA, embedding, scatter), DTensor ids, and the ops nvFuser claims through an execution transform
   (``cross_entropy``) or its own symbols (``nv_sdpfa_*``). `nvfuser_registrations` lists them;
-  ``tests/test_nvfuser_standin.py`` checks the list against the source, so a Thunder upgrade that
+  ``tests/executors/test_nvfuser_standin.py`` checks the list against the source, so a Thunder upgrade that
   changes it fails a test.
 * **Checker**: nvFuser's generic tensor check (supported dtype, rank <= 8, numbers allowed) with its
   CUDA device check relaxed to cpu and meta. Op-specific checkers of nvFuser (e.g. on pad widths)
@@ -49,7 +49,7 @@ from thunder.executors.passes import update_fusion_call_ctx  # noqa: E402
 from thunder.executors.utils import Region  # noqa: E402
 from thunder.extend import FusionExecutor  # noqa: E402
 
-from remat_opt.storage import region_program  # noqa: E402
+from remat_opt.tracing.storage import region_program  # noqa: E402
 
 NVFUSER_SOURCE = "executors/nvfuserex_impl.py"
 _SUPPORTED_DTYPES = (dtypes.bool8, dtypes.uint8, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64,

@@ -1,12 +1,12 @@
-"""What every solver shares: the final check and budget bookkeeping (errors: `remat_opt.errors`)."""
+"""What every solver shares: the final check and budget bookkeeping (errors: `remat_opt.core.errors`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from remat_opt.errors import InfeasibleBudgetError, PlanCheckError
-from remat_opt.plan import RematPlan, check_plan
-from remat_opt.problem import RecomputeProblem
+from remat_opt.core.errors import InfeasibleBudgetError, PlanCheckError
+from remat_opt.core.plan import RematPlan, check_plan
+from remat_opt.core.problem import RecomputeProblem
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from remat_opt.plan import RematPlan
-from remat_opt.problem import RecomputeProblem
+from remat_opt.core.plan import RematPlan
+from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers._common import Budgets, checked, raise_if_over
 
 

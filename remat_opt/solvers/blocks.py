@@ -1,6 +1,6 @@
 """Ties between repeated blocks (transformer layers): one decision for every copy of a block.
 
-Transformer graphs repeat one block (`remat_opt.layers.find_repeated_blocks`); `block_ties` maps
+Transformer graphs repeat one block (`remat_opt.core.layers.find_repeated_blocks`); `block_ties` maps
 each unit, op, tensor and storage of block m > 0 to its counterpart in block 0. A solver that gives
 tied names one variable solves a problem the size of one block and replicates the decision; tying
 only adds equalities, so every tied solution is a valid plan of the whole graph (and the checker
@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from remat_opt.graph import JointGraph
-from remat_opt.layers import RepeatedBlocks, find_repeated_blocks
-from remat_opt.problem import RecomputeProblem
+from remat_opt.core.graph import JointGraph
+from remat_opt.core.layers import RepeatedBlocks, find_repeated_blocks
+from remat_opt.core.problem import RecomputeProblem
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from remat_opt.plan import RematPlan, simulate_peak_bytes
-from remat_opt.problem import RecomputeProblem
+from remat_opt.core.plan import RematPlan, simulate_peak_bytes
+from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers._common import Budgets, checked
 from remat_opt.solvers.blocks import Ties, choose_ties
 from remat_opt.solvers.ilp_bounds import infeasible_error, minimum_peak, tag_targets

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from remat_opt.problem import RecomputeProblem
+from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers.blocks import Ties
 from remat_opt.solvers.peak_model import peak_model_of
 

@@ -6,9 +6,9 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from remat_opt.graph import JointGraph
-from remat_opt.plan import RematPlan
-from remat_opt.problem import RecomputeProblem
+from remat_opt.core.graph import JointGraph
+from remat_opt.core.plan import RematPlan
+from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers._common import InfeasibleBudgetError, checked
 from remat_opt.solvers.baselines import solve_save_all
 from remat_opt.solvers.ilp_bounds import minimum_peak, minimum_saved_bytes

@@ -1,7 +1,7 @@
 """`PeakModel`: a linear lower bound on the simulated step peak, used by the ILP's peak rows.
 
 It gives the live bytes at every step event as a function of which tensors are saved
-(`remat_opt.plan.simulate_step` is the exact simulation); it is exact for the forward and for
+(`remat_opt.core.plan.simulate_step` is the exact simulation); it is exact for the forward and for
 save-all, and omits only liveness changes that recompute chains cause in the backward.
 `peak_model_of(problem)` builds it once per problem.
 """
@@ -15,8 +15,8 @@ from functools import cached_property
 
 import numpy as np
 
-from remat_opt.graph import JointGraph
-from remat_opt.problem import RecomputeProblem
+from remat_opt.core.graph import JointGraph
+from remat_opt.core.problem import RecomputeProblem
 
 _MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 

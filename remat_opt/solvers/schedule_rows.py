@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from remat_opt.problem import RecomputeProblem
+from remat_opt.core.problem import RecomputeProblem
 
 
 @dataclass(frozen=True)

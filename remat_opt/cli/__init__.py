@@ -1,0 +1,1 @@
+"""The ``remat-opt`` command line (`main`): ``inspect``, ``profile``, ``plan``, ``pareto``."""

@@ -1,0 +1,273 @@
+"""From a `JointGraph` and a request (budgets, solver, costs) to a checked `RematPlan`.
+
+The one place that joins the cost model and the solvers. Offline, users call `plan_graph` and
+`pareto_curve` on the graph of `remat_opt.analyze`; `CostRemat` calls `plan_step` at compile time.
+No Thunder imports.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from costmodels.table import CostTable, load_table
+from remat_opt.costing.graph_costs import CostModel
+from remat_opt.core.errors import GB, InfeasibleBudgetError
+from remat_opt.core.graph import JointGraph
+from remat_opt.core.plan import RematPlan
+from remat_opt.core.problem import RecomputeProblem
+from remat_opt.solvers import SOLVERS, BaselineOptions, ILPOptions, MinCutOptions, ParetoPoint, minimum_saved_bytes
+from remat_opt.solvers import pareto_front as solve_pareto_front
+
+SOLVER_CHOICES = ("auto", *SOLVERS)
+MAX_BUDGET_GB = 1e6  # a petabyte: larger budgets are typos (and overflow the solver's integers)
+
+
+def budget_bytes_of(option: str, value_gb) -> int | None:
+    """`value_gb` (GB, None: no budget) in bytes, after checking it is a finite number >= 0.
+
+    Raises:
+        TypeError: not a number (a string, a bool).
+        ValueError: negative, NaN, infinite, or above `MAX_BUDGET_GB`.
+    """
+    if value_gb is None:
+        return None
+    if isinstance(value_gb, bool) or not isinstance(value_gb, numbers.Real):
+        raise TypeError(f"{option} must be a number of GB, got {type(value_gb).__name__} {value_gb!r:.40}")
+    if not math.isfinite(value_gb) or value_gb < 0:
+        raise ValueError(f"{option} must be a finite number of GB >= 0, got {value_gb}; omit it for no budget")
+    if value_gb > MAX_BUDGET_GB:
+        raise ValueError(f"{option}={value_gb:g} GB is above any device ({MAX_BUDGET_GB:g} GB); omit it for no budget")
+    return round(value_gb * GB)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to plan for (validated once, when the transform is created).
+
+    Attributes:
+        peak_budget_bytes: bound on the simulated peak of one step.
+        activation_budget_bytes: bound on saved-for-backward bytes (inputs excluded).
+        solver: a key of `SOLVERS`, or ``"auto"`` (ILP).
+        table: measured cost table, or None.
+        auto_costs: ``cost_table="auto"``: the caller (`CostRemat`, the CLI) times this graph's
+            forward ops on its device at the first compilation, caching them on disk
+            (`remat_opt.costing.cost_cache`), and plans with that table.
+        device_spec: device spec name to cost for, or None (the table's, else the graph's device).
+        time_limit_s: solver time limit.
+        region_graph: set by `CostRemat` when it plans through a fusion pass: the fused graph whose
+            regions the table timed whole price the unfused graph's ops (`remat_opt.costing.graph_costs`).
+    """
+
+    peak_budget_bytes: int | None = None
+    activation_budget_bytes: int | None = None
+    solver: str = "auto"
+    table: CostTable | None = None
+    device_spec: str | None = None
+    time_limit_s: float = 10.0
+    auto_costs: bool = False
+    region_graph: JointGraph | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def from_gb(cls, *, budget_gb=None, activation_budget_gb=None, **kwargs) -> PlanRequest:
+        """`create` with budgets in GB (10**9 bytes), as `CostRemat` and `plan_graph` take them."""
+        return cls.create(
+            peak_budget_bytes=budget_bytes_of("budget_gb", budget_gb),
+            activation_budget_bytes=budget_bytes_of("activation_budget_gb", activation_budget_gb),
+            **kwargs,
+        )
+
+    @classmethod
+    def create(cls, *, cost_table=None, **kwargs) -> PlanRequest:
+        """Builds a request, checking every option; `cost_table` may be a path or a `CostTable`."""
+        for name in ("peak_budget_bytes", "activation_budget_bytes"):
+            value = kwargs.get(name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name.replace('_bytes', '')} must not be negative, got {value} bytes")
+        solver = kwargs.get("solver", "auto")
+        if solver not in SOLVER_CHOICES:
+            raise ValueError(f"unknown solver {solver!r}; use one of {', '.join(SOLVER_CHOICES)}")
+        time_limit_s = kwargs.get("time_limit_s", 10.0)
+        if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, numbers.Real) or not time_limit_s > 0 \
+                or not math.isfinite(time_limit_s):
+            raise ValueError(f"time_limit_s must be a positive number of seconds, got {time_limit_s!r}")
+        if isinstance(cost_table, str) and cost_table == "auto":
+            return cls(auto_costs=True, **kwargs)
+        return cls(table=_cost_table(cost_table), **kwargs)
+
+    def describe(self) -> str:
+        parts = []
+        if self.peak_budget_bytes is not None:
+            parts.append(f"budget_gb={self.peak_budget_bytes / 1e9:g}")
+        if self.activation_budget_bytes is not None:
+            parts.append(f"activation_budget_gb={self.activation_budget_bytes / 1e9:g}")
+        parts.append(f"solver={self.solver!r}")
+        if self.auto_costs:
+            parts.append("cost_table='auto'")
+        if self.device_spec:
+            parts.append(f"device_spec={self.device_spec!r}")
+        return ", ".join(parts)
+
+
+def _cost_table(cost_table) -> CostTable | None:
+    if cost_table is None or isinstance(cost_table, CostTable):
+        return cost_table
+    if isinstance(cost_table, (str, Path)):
+        return load_table(Path(cost_table))
+    raise TypeError(f"cost_table must be 'auto', a path to a table from `remat-opt profile` or a CostTable, "
+                    f"got {type(cost_table).__name__}")
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    """A plan with what it was made from (for `explain`)."""
+
+    graph: JointGraph
+    problem: RecomputeProblem
+    plan: RematPlan
+    costs: CostModel
+    request: PlanRequest
+    cached: bool = False
+    notes: tuple[str, ...] = field(default=())
+    remarks: tuple[str, ...] = field(default=())  # for the user: where costs came from, what Thunder will save
+    fusion: FusionOutcome | None = None  # with a fusion executor: what Thunder's own pass made of the plan
+
+    def as_cached(self) -> PlannedStep:
+        return replace(self, cached=True)
+
+
+@dataclass(frozen=True)
+class FusionOutcome:
+    """A plan made through a fusion executor's pass (`remat_opt.planning.fusion_search`).
+
+    `PlannedStep.graph` and `.problem` are then the unfused joint graph the solver planned on, and
+    `.plan`'s ``saved_bytes``, ``peak_bytes`` and ``saved_names`` are what Thunder's pass realizes
+    from its tags (a dry run), not the solver's unfused figures, which are kept here.
+
+    Attributes:
+        save_all: what Thunder saves with this executor and no tags (its own pass alone).
+        solver_saved_bytes: the solver's prediction on the unfused graph.
+        solver_peak_bytes: likewise for the step peak.
+        realized_graph: the fused joint graph of the dry run with the plan's tags.
+        rounds: one line per dry run of the search.
+    """
+
+    save_all: object  # fusion_search.Realized
+    solver_saved_bytes: int
+    solver_peak_bytes: int
+    realized_graph: JointGraph
+    rounds: tuple[str, ...] = ()
+
+
+def forward_op_times_s(costs: CostModel, graph: JointGraph) -> dict[str, float]:
+    """Predicted (or measured) seconds of every forward op: what recomputing it costs."""
+    return {op.name: costs.op_cost(op).time_s for op in graph.forward_ops}
+
+
+def _solver_options(request: PlanRequest):
+    if request.solver == "mincut":
+        return MinCutOptions()
+    if request.solver in ("save_all", "recompute_all"):
+        return BaselineOptions()
+    return ILPOptions(time_limit_s=request.time_limit_s)
+
+
+def _zero_time_plan(graph: JointGraph, costs: CostModel, request: PlanRequest) -> RematPlan:
+    """Least saved bytes among plans that recompute only free ops (views: no kernel launched)."""
+    times = forward_op_times_s(costs, graph)
+    free = {op.name for op in graph.forward_ops if costs.op_cost(op).kernels == 0}
+    paid_targets = {t for op in graph.forward_ops if op.name not in free for t in op.tag_units}
+    problem = RecomputeProblem.from_graph(graph, times, pinned=paid_targets)
+    options = ILPOptions(time_limit_s=request.time_limit_s)
+    floor_bytes = minimum_saved_bytes(problem, options)
+    return SOLVERS["ilp"](problem, budget_bytes=floor_bytes, options=options)
+
+
+def plan_step(graph: JointGraph, request: PlanRequest) -> PlannedStep:
+    """Costs `graph`, solves under the request's budgets, and returns the checked plan.
+
+    Raises:
+        InfeasibleBudgetError: no plan meets the budget; the message speaks in GB.
+    """
+    start_s = time.perf_counter()
+    costs = CostModel(graph, device=request.device_spec, table=request.table, region_graph=request.region_graph)
+    problem = RecomputeProblem.from_graph(graph, forward_op_times_s(costs, graph))
+    if request.peak_budget_bytes is None and request.activation_budget_bytes is None:
+        plan = _zero_time_plan(graph, costs, request)
+    else:  # `PlanRequest.create` has checked the solver's name
+        solver = SOLVERS["ilp" if request.solver == "auto" else request.solver]
+        try:
+            plan = solver(
+                problem,
+                budget_bytes=request.activation_budget_bytes,
+                peak_budget_bytes=request.peak_budget_bytes,
+                options=_solver_options(request),
+            )
+        except InfeasibleBudgetError as e:
+            raise e.to_gb() from e
+    note = f"planned in {time.perf_counter() - start_s:.2f} s"
+    remarks = (OFFLINE_FUSION_REMARK,) if any("fusion" in op.op_tags for op in graph.ops) else ()
+    return PlannedStep(graph=graph, problem=problem, plan=plan, costs=costs, request=request, notes=(note,),
+                       remarks=remarks)
+
+
+# Offline plans on a fused graph (`--executors nvfuser-standin | torch-compile`) are not what Thunder
+# would save with their tags; CostRemat, at compile time, plans through the pass (issue 12, item 3).
+OFFLINE_FUSION_REMARK = (
+    "this graph has fusion regions: Thunder's fusion pass re-partitions after a plan's tags, so this offline "
+    "plan's saved bytes and peak are not what Thunder would save with it; CostRemat plans through the pass at "
+    "compile time (remat_opt.planning.fusion_search), offline planning does not yet")
+
+
+def plan_graph(graph: JointGraph, *, budget_gb: float | None = None, activation_budget_gb: float | None = None,
+               solver: str = "auto", device_spec: str | None = None, cost_table=None,
+               time_limit_s: float = 10.0) -> RematPlan:
+    """Plans `graph` offline, as `CostRemat` with the same options would at compile time.
+
+    Args:
+        graph: a joint graph (`remat_opt.analyze`, `remat_opt.analyze_model`).
+        budget_gb: bound on the predicted peak of one training step, GB (10**9 bytes).
+        activation_budget_gb: bound on the bytes saved for backward (inputs excluded), GB.
+        solver: ``"auto"`` (ILP), ``"ilp"``, ``"mincut"``, ``"save_all"`` or ``"recompute_all"``.
+        device_spec: spec sheet to cost for (``"H100"``, ``"H200"``, ``"A100-80GB"``, ``"L40S"``,
+            ``"cpu"``); default: the cost table's device, else the graph's (a CPU graph).
+        cost_table: measured cost table (path or `costmodels.table.CostTable`).
+        time_limit_s: solver time limit.
+
+    Returns:
+        The checked `RematPlan` (``print(plan.summary())``).
+
+    Raises:
+        InfeasibleBudgetError: the budget is below the least memory of any plan (named in GB).
+    """
+    request = PlanRequest.from_gb(budget_gb=budget_gb, activation_budget_gb=activation_budget_gb, solver=solver,
+                                  device_spec=device_spec, cost_table=cost_table, time_limit_s=time_limit_s)
+    return plan_step(graph, request).plan
+
+
+def pareto_points(graph: JointGraph, request: PlanRequest, n_points: int, budget: str = "saved") -> list[ParetoPoint]:
+    """Pareto points of `graph` costed as `request` says (see `remat_opt.solvers.pareto`)."""
+    if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 2:
+        raise ValueError(f"n_points must be at least 2 (an integer: least memory and save-all), got {n_points!r}")
+    costs = CostModel(graph, device=request.device_spec, table=request.table, region_graph=request.region_graph)
+    return solve_pareto_front(graph, forward_op_times_s(costs, graph), n_points, budget=budget)
+
+
+def pareto_curve(graph: JointGraph, n_points: int = 8, *, budget: str = "saved", device_spec: str | None = None,
+                 cost_table=None) -> list[ParetoPoint]:
+    """Plans at `n_points` budgets from the least memory to save-all: memory against extra time.
+
+    Args:
+        graph: a joint graph (`remat_opt.analyze`, `remat_opt.analyze_model`).
+        n_points: how many budgets (at least 2).
+        budget: sweep the saved-bytes budget (``"saved"``) or the step-peak budget (``"peak"``).
+        device_spec: spec sheet to cost for (see `plan_graph`).
+        cost_table: measured cost table (path or `CostTable`).
+
+    Returns:
+        `ParetoPoint`s (budget, peak and saved bytes, extra seconds, plan), smallest budget first.
+    """
+    return pareto_points(graph, PlanRequest.create(device_spec=device_spec, cost_table=cost_table), n_points, budget)
