@@ -150,8 +150,32 @@ GPU_SPECS: dict[str, DeviceSpec] = {
 
 # Substrings of `torch.cuda.get_device_name()` -> spec name (first match wins).
 _CUDA_NAME_HINTS = (("H200", "H200"), ("H100", "H100-SXM"), ("A100", "A100-80GB"), ("L40S", "L40S"))
-_ALIASES = {"h100": "H100-SXM", "h100-sxm": "H100-SXM", "h100-sxm5": "H100-SXM", "h200": "H200",
-            "a100": "A100-80GB", "a100-80gb": "A100-80GB", "l40s": "L40S"}  # fmt: skip
+# The one alias table of device-spec names users type (CLI `--device-spec`, `device_spec=`), lower
+# case -> spec name; "cpu" is the nominal CPU (or a cost table's calibration).
+DEVICE_SPEC_ALIASES = {"h100": "H100-SXM", "h100-sxm": "H100-SXM", "h100-sxm5": "H100-SXM", "h200": "H200",
+                       "a100": "A100-80GB", "a100-80gb": "A100-80GB", "l40s": "L40S", "cpu": "cpu"}  # fmt: skip
+# The short names to offer in help and errors.
+DEVICE_SPEC_CHOICES = ("h100", "h200", "a100", "l40s", "cpu")
+
+
+def device_spec_name(name: object) -> str:
+    """The spec name (a key of `GPU_SPECS`, or ``"cpu"``) of a name a user typed: a short name
+    (``"h100"``), any case, or a spec name (``"H100-SXM"``).
+
+    Raises:
+        ValueError: `name` is not a string or names no spec; the message lists what works.
+    """
+    known = f"{', '.join(DEVICE_SPEC_CHOICES)} (or a spec name: {', '.join(GPU_SPECS)})"
+    if not isinstance(name, str):
+        raise ValueError(f"device_spec must be a name such as 'h100' or 'cpu', got {name!r} "
+                         f"({type(name).__name__}); use one of {known}")
+    key = name.strip()
+    if key in GPU_SPECS:
+        return key
+    if key.lower() in DEVICE_SPEC_ALIASES:
+        return DEVICE_SPEC_ALIASES[key.lower()]
+    raise ValueError(f"unknown device spec {name!r}; use one of {known}, or profile this device with "
+                     "`remat-opt profile` and pass its cost table")
 
 
 def with_tf32(spec: DeviceSpec) -> DeviceSpec:
@@ -175,7 +199,7 @@ def get_device_spec(name: str) -> DeviceSpec:
     Raises:
         ValueError: no sheet matches `name`; the message lists the known devices.
     """
-    key = _ALIASES.get(name.lower(), name)
+    key = DEVICE_SPEC_ALIASES.get(name.lower(), name)
     if key in GPU_SPECS:
         return GPU_SPECS[key]
     for hint, spec_name in _CUDA_NAME_HINTS:

@@ -30,6 +30,8 @@ changes nothing where torch and Thunder already work together.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 # Step 1 lives where `import remat_opt` can install it before `import thunder` without torch.
@@ -82,7 +84,11 @@ def ensure_thunderfx_recompiles(compiler_cls: type | None = None, interpreter=No
     return True
 
 
-THUNDERFX_PATCHED: bool = ensure_thunderfx_recompiles()
+# The first import of Thunder happens here. Thunder warns on import that an optional package it does
+# not need here is missing (transformer_engine, a GPU-only executor); remat-opt's users did not ask.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="transformer_engine module not found", category=UserWarning)
+    THUNDERFX_PATCHED: bool = ensure_thunderfx_recompiles()
 
 
 DICT_CHANGED = "dictionary changed size during iteration"

@@ -10,6 +10,7 @@ line `remat-opt: error: ...` and exit status 2, not a traceback.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -17,6 +18,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from costmodels.devices import DEVICE_SPEC_CHOICES, device_spec_name
 from costmodels.timing import TIMING_METHODS, ProfileOptions
 from remat_opt.core.errors import InfeasibleBudgetError
 from remat_opt.executors import EXECUTOR_CHOICES, default_executors, executors_for
@@ -27,7 +29,20 @@ class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line, ``remat-opt: error: ...``, exit status 2."""
 
     def error(self, message: str):
-        self.exit(2, f"remat-opt: error: {self.prog.removeprefix('remat-opt ')}: {message}\n")
+        command = self.prog.removeprefix("remat-opt").strip()  # the subcommand, if any
+        self.exit(2, f"remat-opt: error: {command + ': ' if command else ''}{message}\n")
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help that states each option's default where it has a value (None and False: not shown, the
+    help says what happens without the option)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        default = action.default
+        if "%(default)" in help_text or default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return help_text
+        return f"{help_text} (default: %(default)s)"
 
 
 def _int_at_least(low: int):
@@ -162,6 +177,19 @@ def given_options(args: argparse.Namespace) -> frozenset[str]:
     return frozenset(given | ({"tiny"} if args.tiny else set()))
 
 
+def check_model_args(args: argparse.Namespace) -> None:
+    """Checks the model options (the name exists, sizes and dtype are valid) before anything else,
+    so that a wrong model name is the first error a user sees."""
+    from remat_opt.models.by_name import check_spec, litgpt_config, load_factory
+
+    spec = model_spec(args)
+    check_spec(spec)
+    if ":" in spec.name:
+        load_factory(spec.name)
+    else:
+        litgpt_config(spec)
+
+
 def analyze_from_args(args: argparse.Namespace):
     """Builds the model named by `args` and returns ``(spec, graph, seconds)``.
 
@@ -231,29 +259,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-# Short `--device-spec` names -> `costmodels.devices` spec names ("cpu": the nominal CPU).
-DEVICE_SPEC_NAMES = {"h100": "H100-SXM", "h200": "H200", "a100": "A100-80GB", "l40s": "L40S", "cpu": "cpu"}
-
-
 def resolve_device_spec(name: str | None) -> str | None:
-    """The spec name for a `--device-spec` value (a short name or a full spec name); None stays None.
+    """The spec name for a `--device-spec` value (`costmodels.devices.device_spec_name`); None stays None.
 
     Raises:
         ValueError: no spec matches `name`.
     """
-    if name is None:
-        return None
-    key = name.strip().lower()
-    if key in DEVICE_SPEC_NAMES:
-        return DEVICE_SPEC_NAMES[key]
-    from costmodels.devices import GPU_SPECS
-
-    if name in GPU_SPECS:
-        return name
-    raise ValueError(
-        f"unknown --device-spec {name!r}; use one of {', '.join(DEVICE_SPEC_NAMES)} "
-        f"(or a spec name: {', '.join(GPU_SPECS)})"
-    )
+    return None if name is None else device_spec_name(name)
 
 
 def parse_budgets_gb(text: str) -> list[float]:
@@ -278,7 +290,7 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device-spec",
         default=None,
-        help=f"device to cost for: {', '.join(DEVICE_SPEC_NAMES)} (or a full spec name such as H100-SXM); "
+        help=f"device to cost for: {', '.join(DEVICE_SPEC_CHOICES)} (or a full spec name such as H100-SXM); "
         "default: the cost table's device, else the graph's (meta graphs need one)",
     )
     parser.add_argument("--cost-table", default=None,
@@ -293,7 +305,7 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
 def _cost_request_kwargs(args: argparse.Namespace) -> dict:
     device = args.device or args.default_device
     if args.device_spec is None and args.cost_table is None and device.partition(":")[0] in ("meta", "cuda"):
-        raise ValueError(f"--device {device} graphs need --device-spec ({', '.join(DEVICE_SPEC_NAMES)}) "
+        raise ValueError(f"--device {device} graphs need --device-spec ({', '.join(DEVICE_SPEC_CHOICES)}) "
                          "or --cost-table")
     table = args.cost_table
     if table is not None and args.allow_other_device:
@@ -335,6 +347,7 @@ def cmd_pareto(args: argparse.Namespace) -> int:
     from remat_opt.planning.planner import PlanRequest, pareto_points, plan_step
     from remat_opt.solvers.pareto import ParetoPoint
 
+    check_model_args(args)
     budgets_gb = None if args.budgets_gb is None else parse_budgets_gb(args.budgets_gb)
     request = PlanRequest.create(**_cost_request_kwargs(args))
     out = Path(args.out)
@@ -368,6 +381,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from remat_opt.planning.explanation import explain_step
     from remat_opt.planning.planner import PlanRequest, plan_step
 
+    check_model_args(args)
     request = PlanRequest.from_gb(budget_gb=args.budget_gb, activation_budget_gb=args.activation_budget_gb,
                                   solver=args.solver, **_cost_request_kwargs(args))
     if args.timeline is not None:
@@ -463,8 +477,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="remat-opt", description="Cost-model-driven rematerialization for Thunder")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = _Parser(prog="remat-opt", description="Cost-model-driven rematerialization for Thunder",
+                     formatter_class=_HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True,
+                                parser_class=functools.partial(_Parser, formatter_class=_HelpFormatter))
     inspect = sub.add_parser("inspect", help="saved-for-backward table of a model")
     add_model_arguments(inspect)
     inspect.add_argument("--top", type=_count, default=10, help="how many of the largest saved tensors to list")
@@ -498,7 +514,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="bound on the predicted step peak, GB")
     budgets.add_argument("--activation-budget-gb", type=_finite_float(positive=False), default=None,
                          help="bound on saved-for-backward bytes (inputs excluded), GB")
-    plan.add_argument("--solver", choices=SOLVER_CHOICES, default="auto")
+    plan.add_argument("--solver", choices=SOLVER_CHOICES, default="auto",
+                      help="auto and ilp: the CP-SAT ILP (least recompute time under the budget, within "
+                           "--time-limit-s); mincut: networkx min-cut; save_all, recompute_all: the baselines")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     plan.add_argument("--timeline", default=None, metavar="PNG",
                       help="draw the predicted memory over one step, save-all and the plan, to this PNG")

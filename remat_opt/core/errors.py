@@ -11,8 +11,13 @@ _GB_OPTION = {"budget_bytes": "activation_budget_gb", "peak_budget_bytes": "budg
 
 
 def _gb_up(nbytes: int) -> str:
-    """Bytes as GB with 3 decimals, rounded up (a budget of that many GB admits `nbytes`)."""
-    return f"{math.ceil(nbytes / GB * 1000) / 1000:.3f}"
+    """Bytes as GB rounded up to 3 decimals, or to 4 significant digits below 1 GB (a budget of that
+    many GB admits `nbytes` and is at most 0.1% above it, so advice built from it works when
+    followed: 4,096 B is 0.000004096 GB, not 0.001)."""
+    value_gb = nbytes / GB
+    decimals = 3 if value_gb >= 1 or nbytes <= 0 else 3 - math.floor(math.log10(value_gb))
+    scale = 10**decimals
+    return f"{math.ceil(round(value_gb * scale, 6)) / scale:.{decimals}f}"
 
 
 class InfeasibleBudgetError(ValueError):

@@ -14,8 +14,20 @@ def default_executors(device: str) -> str:
     return "nvfuser-standin" if device == "meta" else "fused-sdpa"
 
 
+def check_executor_choice(choice: object) -> str:
+    """`choice` if it is one of `EXECUTOR_CHOICES`, else a ValueError naming them."""
+    if choice not in EXECUTOR_CHOICES:
+        raise ValueError(f"unknown executors {choice!r}; use one of {', '.join(EXECUTOR_CHOICES)}")
+    return choice
+
+
 def executors_for(choice: str) -> list | None:
-    """Thunder executor list for a `--executors` choice (None: Thunder's defaults)."""
+    """Thunder executor list for a `--executors` choice (None: Thunder's defaults).
+
+    Raises:
+        ValueError: `choice` is not one of `EXECUTOR_CHOICES`.
+    """
+    check_executor_choice(choice)
     from remat_opt.executors.sdpa_cpu import sdpa_cpu_ex  # applies the torch compatibility step first
 
     import thunder

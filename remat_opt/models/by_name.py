@@ -93,14 +93,18 @@ def litgpt_config(spec: ModelSpec):
 
 def check_spec(spec: ModelSpec) -> None:
     """Raises `ModelSpecError` for a bad dtype, non-positive sizes, or CUDA requested without CUDA."""
+    if not isinstance(spec.name, str) or not spec.name:
+        raise ModelSpecError(f"the model name must be a litgpt config name or 'module:factory', got {spec.name!r}")
     if spec.dtype not in DTYPES:
         raise ModelSpecError(f"unknown dtype {spec.dtype!r}; use one of {', '.join(DTYPES)}")
-    for field_name in ("n_layer", "seq"):
+    for field_name in ("n_layer", "seq", "batch"):
         value = getattr(spec, field_name)
-        if value is not None and value < 1:
-            raise ModelSpecError(f"{field_name} must be a positive integer, got {value}")
-    if spec.batch < 1:
-        raise ModelSpecError(f"batch must be a positive integer, got {spec.batch}")
+        if value is None and field_name != "batch":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ModelSpecError(f"{field_name} must be a positive integer, got {value!r}")
+    if not isinstance(spec.device, str) or spec.device.partition(":")[0] not in ("meta", "cpu", "cuda"):
+        raise ModelSpecError(f"device must be 'meta', 'cpu' or 'cuda', got {spec.device!r}")
     if spec.device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelSpecError("device 'cuda' requested but torch.cuda.is_available() is False; use cpu or meta")
 

@@ -29,12 +29,14 @@ def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors:
     FSDP's ``collectives_in_flight`` is applied last, to the graph at full depth
     (`remat_opt.distributed.collective_order.reorder_graph`): it is traced and extended in Thunder's order.
     """
-    from remat_opt.executors import default_executors, executors_for
-    from remat_opt.models.by_name import build_model, litgpt_config
+    from remat_opt.executors import check_executor_choice, default_executors, executors_for
+    from remat_opt.models.by_name import build_model, check_spec, litgpt_config
 
-    if traced_layers < 0 or traced_layers in (1, 2):
-        raise ValueError(f"traced_layers must be 0 (all) or at least 3, got {traced_layers}")
-    executors = executors or default_executors(spec.device)
+    check_spec(spec)
+    if isinstance(traced_layers, bool) or not isinstance(traced_layers, int) or traced_layers < 0 \
+            or traced_layers in (1, 2):
+        raise ValueError(f"traced_layers must be 0 (all) or at least 3, got {traced_layers!r}")
+    executors = default_executors(spec.device) if executors is None else check_executor_choice(executors)
     depth = litgpt_config(spec)[0].n_layer
     traced = depth if traced_layers == 0 else min(depth, traced_layers)
     start_s = time.perf_counter()

@@ -115,6 +115,9 @@ def _reason(step: PlannedStep, name: str, action: str, storage_bytes: int) -> st
     if action != RECOMPUTE and storage_bytes == 0:
         return "saved at no cost: its storage is counted with another tensor or an input"
     if action == RECOMPUTE:
+        request = step.request
+        if request.peak_budget_bytes is None and request.activation_budget_bytes is None:
+            return "recomputed: re-derived at no cost (a view), which saves its memory"
         return "recomputed: cheaper than its memory under the budget"
     if origin is not None and not origin.taggable:
         return origin.reason

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from costmodels.devices import device_spec_name
 from costmodels.table import CostTable, load_table
 from remat_opt.costing.graph_costs import CostModel
 from remat_opt.core.errors import GB, InfeasibleBudgetError
@@ -94,6 +95,8 @@ class PlanRequest:
         if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, numbers.Real) or not time_limit_s > 0 \
                 or not math.isfinite(time_limit_s):
             raise ValueError(f"time_limit_s must be a positive number of seconds, got {time_limit_s!r}")
+        if kwargs.get("device_spec") is not None:  # checked where it is given, not at the first compilation
+            kwargs["device_spec"] = device_spec_name(kwargs["device_spec"])
         if isinstance(cost_table, str) and cost_table == "auto":
             return cls(auto_costs=True, **kwargs)
         return cls(table=_cost_table(cost_table), **kwargs)
@@ -179,7 +182,10 @@ def _zero_time_plan(graph: JointGraph, costs: CostModel, request: PlanRequest) -
     """Least saved bytes among plans that recompute only free ops (views: no kernel launched)."""
     times = forward_op_times_s(costs, graph)
     free = {op.name for op in graph.forward_ops if costs.op_cost(op).kernels == 0}
-    paid_targets = {t for op in graph.forward_ops if op.name not in free for t in op.tag_units}
+    # a target whose unit re-runs any paid op (a fusion region's unit too: its tag targets are its
+    # members', not the region op's own `tag_units`) is pinned
+    units = RecomputeProblem.from_graph(graph, times).units
+    paid_targets = {name for name, unit in units.items() if any(op not in free for op in unit.ops)}
     problem = RecomputeProblem.from_graph(graph, times, pinned=paid_targets)
     options = ILPOptions(time_limit_s=request.time_limit_s)
     floor_bytes = minimum_saved_bytes(problem, options)

@@ -311,3 +311,9 @@ def test_one_ranks_optimizer_keeps_states_for_its_shard_under_fsdp_and_for_every
     assert whole.per_rank(DataParallel("ddp", 4)) == whole
     with pytest.raises(ValueError, match="FSDP over 3 ranks: a parameter of .* elements does not split evenly"):
         whole.per_rank(DataParallel("fsdp", 3))
+
+
+def test_no_budget_adds_no_recompute_time_on_standin_graphs(standin):
+    # a fusion region's tag targets are its members': the zero-time plan must pin them too
+    plan = remat_opt.plan_graph(standin, device_spec="H100")
+    assert plan.extra_time_s == 0 and plan.recomputed_tag_targets == (), plan.recomputed_tag_targets

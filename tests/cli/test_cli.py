@@ -1,5 +1,6 @@
 """`remat-opt inspect`: output, JSON, and one-line errors for bad input."""
 
+import argparse
 import json
 
 import pytest
@@ -47,11 +48,17 @@ def test_inspect_text_output(capsys):
         (["plan", "Llama-2-7b-hf", "--tiny", "--n-layer", "5", "--device-spec", "h100", "--world-size", "2",
           "--strategy", "ddp"],  # the nvFuser stand-in fuses DDP's forward copies of every weight into one region
          "the DDP graph of Llama-2-7b-hf cannot be extended from 4 traced layers to 5: fwd0 (nvFusion0) writes"),
+        # the model is the first thing checked: a wrong name before a missing --device-spec
+        (["plan", "NoSuchModel-7b", "--tiny"], "unknown litgpt config name 'NoSuchModel-7b'"),
+        (["pareto", "NoSuchModel-7b", "--tiny"], "unknown litgpt config name 'NoSuchModel-7b'"),
+        (["plan", *TINY, "--device-spec", "bogus"], "unknown device spec 'bogus'; use one of h100, h200, a100, l40s, cpu"),
+        (["plan", *TINY, "--bogus"], "unrecognized arguments: --bogus"),
     ],
     ids=[
         "unknown-config", "failing-forward", "mixed-devices", "bad-factory", "missing-factory", "bad-seq",
         "traced-layers-too-few", "traced-layers-of-a-factory", "world-size-not-dividing", "unknown-strategy",
-        "world-size-alone", "in-flight-without-fsdp", "deepen-ddp-with-nvfuser-standin",
+        "world-size-alone", "in-flight-without-fsdp", "deepen-ddp-with-nvfuser-standin", "unknown-model-first-plan",
+        "unknown-model-first-pareto", "unknown-device-spec", "unknown-flag",
     ],
 )
 def test_bad_input_gets_one_line_error(argv, message, capsys):
@@ -59,6 +66,32 @@ def test_bad_input_gets_one_line_error(argv, message, capsys):
     err = capsys.readouterr().err
     assert err.startswith("remat-opt: error: ") and message in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_an_error_names_the_program_once(capsys):
+    assert main(["plan", *TINY, "--bogus"]) == 2
+    assert capsys.readouterr().err.count("remat-opt") == 1
+
+
+def test_the_h100_sxm5_alias_the_api_takes_is_a_device_spec_here():
+    from remat_opt.cli.main import resolve_device_spec
+
+    assert resolve_device_spec("h100-sxm5") == "H100-SXM"
+
+
+@pytest.mark.parametrize("command", ["inspect", "profile", "pareto", "plan"])
+def test_every_option_has_help_and_shows_its_default(command, capsys):
+    from remat_opt.cli.main import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    for action in sub._actions:
+        assert action.help, f"{command} {action.option_strings or action.dest} has no help"
+    assert main([command, "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for action in sub._actions:
+        if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+            assert f"(default: {action.default})" in text, (command, action.option_strings)
 
 
 def test_deep_configs_on_meta_are_traced_shallow_and_extended(capsys):

@@ -87,3 +87,15 @@ def test_tied_blocks_give_a_valid_plan_no_faster_than_the_untied_optimum(problem
     assert check_plan(problem.graph, tied, budget_bytes=budget, op_time_s=problem.op_time_s) == []
     assert untied.status == "optimal"  # so no plan within the budget, tied or not, is faster
     assert tied.extra_time_s >= untied.extra_time_s - 1e-12
+
+
+def test_no_budget_recomputes_only_views_and_says_so(problem):
+    # with neither budget, the plan is the least memory among plans adding no recompute time
+    from remat_opt.planning.explanation import explain_step
+    from remat_opt.planning.planner import PlanRequest, plan_step
+
+    step = plan_step(problem.graph, PlanRequest.create(device_spec="cpu"))
+    recomputed = [row for row in explain_step(step).rows if row.action == "recompute"]
+    assert step.plan.extra_time_s == 0
+    assert recomputed, "this graph has views worth re-deriving"
+    assert all("no cost" in row.reason and "budget" not in row.reason for row in recomputed), recomputed
