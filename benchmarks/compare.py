@@ -229,8 +229,8 @@ def thunder_systems(model, idx, points, save_all_bytes: int, params: list) -> li
                        params),
     ]
     for point in points:
-        transform = CostRemat(activation_budget_gb=point.budget_bytes / 1e9, device_spec="cpu")
-        budget = f"{point.budget_bytes / MB:.3f} MB ({point.budget_bytes / save_all_bytes:.2f})"
+        transform = CostRemat(activation_budget_gb=point.swept_budget_bytes / 1e9, device_spec="cpu")
+        budget = f"{point.swept_budget_bytes / MB:.3f} MB ({point.swept_budget_bytes / save_all_bytes:.2f})"
         system = System("CostRemat", budget, THUNDER, args=(idx,), transform=transform)
         systems.append(compile_system(
             system, lambda t=transform: thunder.jit(model, transforms=[t], executors=executors), params))
@@ -246,9 +246,9 @@ def thunder_tc_systems(model, idx, params: list) -> tuple[list[System], int]:
     systems = [compile_system(System("thunder tc", "save-all (no budget)", THUNDER_TC, is_reference=True, args=(idx,)),
                               lambda: thunder.jit(model, executors=executors), params)]
     budgets = [_least_tc_budget(model, idx, executors), *(int(f * save_all_bytes) for f in TC_FRACTIONS)]
-    for budget_bytes in budgets:
-        transform = CostRemat(activation_budget_gb=budget_bytes / 1e9, device_spec="cpu")
-        budget = f"{budget_bytes / MB:.3f} MB ({budget_bytes / save_all_bytes:.2f})"
+    for activation_budget_bytes in budgets:
+        transform = CostRemat(activation_budget_gb=activation_budget_bytes / 1e9, device_spec="cpu")
+        budget = f"{activation_budget_bytes / MB:.3f} MB ({activation_budget_bytes / save_all_bytes:.2f})"
         system = System("CostRemat tc", budget, THUNDER_TC, args=(idx,), transform=transform)
         systems.append(compile_system(
             system, lambda t=transform: thunder.jit(model, transforms=[t], executors=executors), params))
@@ -379,7 +379,7 @@ class Measured:
     grad_max_abs: float
     plan_flops: int | None
     plan_saved_bytes: int | None
-    budget_bytes: int | None
+    activation_budget_bytes: int | None
 
 
 def plan_figures(system: System) -> tuple[int | None, int | None, int | None]:
@@ -404,7 +404,7 @@ def measure(system: System, named_params: dict, reference: dict) -> Measured:
     # FlopCounterMode is a dispatch mode, under which Thunder's TorchCompile regions cannot compile
     flops = None if system.family == THUNDER_TC else backward_flops(system, params)
     problems, worst_abs = grad_mismatches(system, named_params, reference)
-    plan_flops, plan_saved_bytes, budget_bytes = plan_figures(system)
+    plan_flops, plan_saved_bytes, activation_budget_bytes = plan_figures(system)
     return Measured(
         saved_bytes=saved_bytes,
         peak_bytes=peak.peak_bytes,
@@ -413,7 +413,7 @@ def measure(system: System, named_params: dict, reference: dict) -> Measured:
         grad_max_abs=worst_abs,
         plan_flops=plan_flops,
         plan_saved_bytes=plan_saved_bytes,
-        budget_bytes=budget_bytes,
+        activation_budget_bytes=activation_budget_bytes,
     )
 
 
@@ -749,10 +749,10 @@ def config_notes(systems: list[System], measured: dict[str, Measured]) -> list[s
         m = measured[s.key]
         notes += [f"{GRADIENT_MISMATCH} {s.key}: {problem}" for problem in m.grad_problems]
         if m.plan_saved_bytes is not None:
-            plan_checks.append(m.plan_saved_bytes == m.saved_bytes <= m.budget_bytes)
-            if m.plan_saved_bytes != m.saved_bytes or m.saved_bytes > m.budget_bytes:
+            plan_checks.append(m.plan_saved_bytes == m.saved_bytes <= m.activation_budget_bytes)
+            if m.plan_saved_bytes != m.saved_bytes or m.saved_bytes > m.activation_budget_bytes:
                 notes.append(f"{SAVED_MISMATCH} {s.key}: plan predicted {m.plan_saved_bytes} saved bytes, "
-                             f"measured {m.saved_bytes}, budget {m.budget_bytes}")
+                             f"measured {m.saved_bytes}, budget {m.activation_budget_bytes}")
     if plan_checks and all(plan_checks):
         notes.append(f"All {len(plan_checks)} CostRemat runs: measured saved bytes equal the plan's, to the byte, "
                      "and are within the budget.")
@@ -764,7 +764,7 @@ def config_notes(systems: list[System], measured: dict[str, Measured]) -> list[s
 
 def describe_config(name: str, model: torch.nn.Module, idx: torch.Tensor, points, save_all_bytes: int) -> str:
     n_params = sum(p.numel() for p in model.parameters())
-    budgets = ", ".join(f"{p.budget_bytes / MB:.3f}" for p in points)
+    budgets = ", ".join(f"{p.swept_budget_bytes / MB:.3f}" for p in points)
     return (f"litgpt `{name}` family: {model.config.n_layer} layers, width {model.config.n_embd}, "
             f"{n_params / 1e6:.2f} M parameters, input {tuple(idx.shape)}. Analyzed save-all: "
             f"{save_all_bytes / MB:.3f} MB saved; CostRemat activation budgets (MB): {budgets}.")

@@ -52,8 +52,8 @@ def _model(name: str, args):
     return GPT(config), (torch.randint(0, 256, (1, args.seq)),)
 
 
-def _jit(model, budget_bytes: int, cost_table, executors):
-    transform = CostRemat(activation_budget_gb=budget_bytes / 1e9, device_spec=None if cost_table else "cpu",
+def _jit(model, activation_budget_bytes: int, cost_table, executors):
+    transform = CostRemat(activation_budget_gb=activation_budget_bytes / 1e9, device_spec=None if cost_table else "cpu",
                           cost_table=cost_table)
     return thunder.jit(model, transforms=[transform], executors=executors)
 

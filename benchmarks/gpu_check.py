@@ -15,7 +15,7 @@ Per run it prints the measured step peak (`remat_opt.validation.measure.measure_
 median step time (CUDA events, after warm-up), and whether an SDPA forward was recomputed (an SDPA
 forward symbol in ``thunder.last_backward_traces(jitted)[-1]``).
 
-Then (issue 13) the ``nvFusionN`` regions of Thunder's own compilation are timed whole on the GPU
+Then the ``nvFusionN`` regions of Thunder's own compilation are timed whole on the GPU
 through the fusion definitions Thunder built (`remat_opt.costing.profiling.profile_graph`, CUDA events), and
 the summed table is printed beside Thunder alone's median step; with ``--auto-costs`` one more run
 plans at the first budget with ``cost_table="auto"`` (regions timed whole price the recomputed ops).
@@ -257,7 +257,7 @@ def main(argv=None) -> int:
 
 
 def regions_timed_whole(args, model, x, ex_list, base: dict) -> None:
-    """Issue 13 on a GPU: every op and nvFusion region of Thunder's compilation timed on the device
+    """On a GPU: every op and nvFusion region of Thunder's compilation timed on the device
     (regions whole, through the fusion definitions Thunder built), summed beside the measured step."""
     from costmodels.formulas import is_fusion_symbol
     from remat_opt import analyze
@@ -277,7 +277,7 @@ def regions_timed_whole(args, model, x, ex_list, base: dict) -> None:
 
 
 def standin_against_nvfuser(args, model, x, ex_list, base: dict) -> None:
-    """What a GPU run settles about the nvFuser stand-in (issue 12): the saved set it predicts on meta
+    """What a GPU run settles about the nvFuser stand-in: the saved set it predicts on meta
     beside the one Thunder saves with the real nvFuser, per layer, matched by (producer, shape, dtype),
     and the stand-in's predicted save-all peak beside Thunder alone's measured peak."""
     import torch

@@ -64,7 +64,7 @@ def budgets(problem: RecomputeProblem) -> dict[str, list[int]]:
     low_peak, _ = peak_model_minimum(problem, ILPModel(problem, ties, ILPOptions()), time.perf_counter() + 10)
     between = lambda low, high: [int(low + f * (high - low)) for f in (0.25, 0.5, 0.75)]  # noqa: E731
     return {
-        "budget_bytes": between(low_saved, save_all.saved_bytes),
+        "activation_budget_bytes": between(low_saved, save_all.saved_bytes),
         "peak_budget_bytes": between(low_peak, save_all.peak_bytes),
     }
 

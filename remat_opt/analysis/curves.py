@@ -4,8 +4,9 @@
     write_csv(points, "pareto_out/pareto.csv")
     plot_curve(points, "pareto_out/pareto.png", "pareto_out/pareto.svg", "Llama-2-7b-hf on H100")
 
-`points` are `remat_opt.solvers.pareto.ParetoPoint`s (anything with ``budget_bytes``, ``peak_bytes``,
-``saved_bytes``, ``extra_time_s`` and ``plan.recomputed_tag_targets``).
+`points` are `remat_opt.solvers.pareto.ParetoPoint`s (anything with ``budget_kind``,
+``swept_budget_bytes``, ``peak_bytes``, ``saved_bytes``, ``extra_time_s`` and
+``plan.recomputed_tag_targets``).
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import csv
 from collections.abc import Sequence
 from pathlib import Path
 
-GB = 10**9
+from remat_opt.core.errors import GB
 
 CSV_COLUMNS = (
-    "budget_bytes",
-    "budget_gb",
+    "budget_kind",
+    "swept_budget_bytes",
+    "swept_budget_gb",
     "peak_bytes",
     "peak_gb",
     "saved_bytes",
@@ -33,8 +35,9 @@ def point_row(point) -> dict:
     """One CSV row (a dict keyed by `CSV_COLUMNS`) for a `ParetoPoint`."""
     plan = getattr(point, "plan", None)
     return {
-        "budget_bytes": point.budget_bytes,
-        "budget_gb": f"{point.budget_bytes / GB:.6f}",
+        "budget_kind": point.budget_kind,
+        "swept_budget_bytes": point.swept_budget_bytes,
+        "swept_budget_gb": f"{point.swept_budget_bytes / GB:.6f}",
         "peak_bytes": point.peak_bytes,
         "peak_gb": f"{point.peak_bytes / GB:.6f}",
         "saved_bytes": point.saved_bytes,
@@ -61,11 +64,13 @@ def render_points(points: Sequence) -> str:
     """The points as a text table (what `remat-opt pareto` prints)."""
     from remat_opt.core.report import render_table
 
-    header = ["budget GB", "peak GB", "saved GB", "extra ms", "tags", "status"]
+    kinds = {p.budget_kind for p in points}
+    header = [f"{kinds.pop() if len(kinds) == 1 else 'swept'} budget GB", "peak GB", "saved GB", "extra ms", "tags",
+              "status"]
     rows = []
     for p in points:
         r = point_row(p)
-        rows.append([f"{p.budget_bytes / GB:.4g}", f"{p.peak_bytes / GB:.4g}", f"{p.saved_bytes / GB:.4g}",
+        rows.append([f"{p.swept_budget_bytes / GB:.4g}", f"{p.peak_bytes / GB:.4g}", f"{p.saved_bytes / GB:.4g}",
                      f"{p.extra_time_s * 1e3:.3f}", str(r["recomputed_tags"]), str(r["solver_status"])])
     return "\n".join(render_table(rows, header))
 

@@ -140,7 +140,7 @@ def predict_training_step(
         cuda_arch: ``"sm90"`` (Hopper) or ``"other"``: the cuBLAS workspace size.
     """
     block = CUDA_BLOCK_BYTES
-    spec: DeviceSpec = costs.device
+    spec: DeviceSpec = costs.device_spec
     state_dtype = optimizer_state_dtype or parameters.dtype
     states = Parameters(parameters.numels, state_dtype)
     state_bytes = 2 * states.rounded_bytes(block)

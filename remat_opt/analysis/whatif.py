@@ -26,7 +26,7 @@ from remat_opt.executors import EXECUTOR_CHOICES
 from costmodels.formulas import SDPA_FORMS
 from remat_opt.core.graph import REASON_AUXILIARY, JointGraph, OpNode
 from remat_opt.core.plan import RematPlan
-from remat_opt.planning.planner import forward_op_times_s
+from remat_opt.planning.planner import PlanRequest, forward_op_times_s, sweep_problem
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.core.report import saved_storage_owners, storage_kind
 from remat_opt.analysis.training_step import Parameters, TrainingStepPrediction, predict_training_step
@@ -36,13 +36,11 @@ from remat_opt.solvers import (
     ParetoPoint,
     solve_ilp,
 )
-from remat_opt.solvers.pareto import sweep_budgets, sweep_points
+from remat_opt.core.errors import GB
 from remat_opt.core.layers import find_repeated_blocks, forward_layer_labels
 
-GB = 10**9
-
 # Thunder issue #1646 (Llama-2-7b, seq 4096, micro-batch 1, 32 layers, bf16, one real H100): the
-# blanket recompute rule re-ran the SDPA forward in the backward (see /work/shared/DESIGN.md, 1).
+# blanket recompute rule re-ran the SDPA forward in the backward (lightning-thunder issue #1646).
 THUNDER_1646_STEP_MS = {"sdpa saved": 341.78, "sdpa recomputed": 350.15}
 THUNDER_1646_MEMORY_GB = {"sdpa saved": 64.18, "sdpa recomputed": 64.17}
 
@@ -167,7 +165,7 @@ def ilp_options() -> ILPOptions:
 
 
 def peak_sweep(costed: CostedGraph, n_points: int | None = None, *, label: str = "") -> Sweep:
-    """Solves the ILP at `n_points` peak budgets (what `remat_opt.pareto_curve(graph, budget="peak")` does).
+    """Solves the ILP at `n_points` peak budgets (what `remat_opt.pareto_curve(graph, budget_kind="peak")` does).
 
     A budget the solver finds no plan for is reported in `Sweep.unsolved` instead of raising, so
     one hard budget does not lose the rest of the curve.
@@ -183,10 +181,9 @@ def peak_sweep(costed: CostedGraph, n_points: int | None = None, *, label: str =
     """
     errors: list = []
     n_points = default_sweep_points() if n_points is None else n_points
-    options = ilp_options()
-    budgets_bytes, known = sweep_budgets(costed.problem, n_points, "peak", options)
-    points = sweep_points(costed.problem, budgets_bytes, budget="peak", known=known, errors=errors, options=options)
-    unsolved = [f"{budget_bytes / GB:.6g} GB: {e}" for budget_bytes, e in errors]
+    request = PlanRequest(time_limit_s=ilp_options().time_limit_s)
+    points = sweep_problem(costed.problem, request, budget_kind="peak", n_points=n_points, errors=errors)
+    unsolved = [f"{bound_bytes / GB:.6g} GB: {e}" for bound_bytes, e in errors]
     return Sweep(
         label=label or costed.device,
         points=tuple(points),
@@ -200,7 +197,7 @@ def sweep_rows(sweep: Sweep) -> list[dict[str, str]]:
     """One display row per point: budget, peak, saved, extra ms and % of the step, SDPA reruns."""
     return [
         {
-            "budget GB": f"{p.budget_bytes / GB:.2f}",
+            "peak budget GB": f"{p.swept_budget_bytes / GB:.2f}",
             "peak GB": f"{p.peak_bytes / GB:.2f}",
             "saved GB": f"{p.saved_bytes / GB:.2f}",
             "extra ms": f"{p.extra_time_s * 1e3:.2f}",
@@ -278,7 +275,7 @@ def sdpa_auxiliary_bytes(graph: JointGraph) -> int:
 def sdpa_verdict(sweeps: Iterable[Sweep]) -> str:
     """Whether the solver reruns an SDPA forward at any budget of the sweeps, in one sentence."""
     sweeps = list(sweeps)
-    picks = [f"{s.label} at {p.budget_bytes / GB:.2f} GB ({n} SDPA ops)"
+    picks = [f"{s.label} at {p.swept_budget_bytes / GB:.2f} GB ({n} SDPA ops)"
              for s in sweeps for p, n in zip(s.points, s.sdpa_recomputed) if n]
     n_plans = sum(len(s.points) for s in sweeps)
     if not picks:

@@ -268,19 +268,19 @@ def resolve_device_spec(name: str | None) -> str | None:
     return None if name is None else device_spec_name(name)
 
 
-def parse_budgets_gb(text: str) -> list[float]:
+def parse_budgets_gb(text: str, flag: str = "--budget-gb") -> list[float]:
     """``"40,50,60"`` -> ``[40.0, 50.0, 60.0]``; empty, non-numeric or negative entries raise ValueError."""
     parts = [p.strip() for p in text.split(",")]
     if not text.strip() or any(not p for p in parts):
-        raise ValueError(f"--budgets-gb needs a comma-separated list of budgets in GB, e.g. 40,50,60; got {text!r}")
+        raise ValueError(f"{flag} needs a comma-separated list of budgets in GB, e.g. 40,50,60; got {text!r}")
     budgets = []
     for p in parts:
         try:
             value = float(p)
         except ValueError:
-            raise ValueError(f"--budgets-gb: {p!r} is not a number") from None
+            raise ValueError(f"{flag}: {p!r} is not a number") from None
         if not value >= 0 or value == float("inf"):
-            raise ValueError(f"--budgets-gb: budgets must be finite and not negative, got {p}")
+            raise ValueError(f"{flag}: budgets must be finite and not negative, got {p}")
         budgets.append(value)
     return sorted(set(budgets))
 
@@ -318,16 +318,16 @@ def _cost_request_kwargs(args: argparse.Namespace) -> dict:
             "time_limit_s": args.time_limit_s}
 
 
-_BUDGET_FLAGS = {"peak_budget_bytes": "--budget-gb", "budget_bytes": "--activation-budget-gb"}
+_BUDGET_FLAGS = {"peak_budget_bytes": "--budget-gb", "activation_budget_bytes": "--activation-budget-gb"}
 
 
 def _title(spec, request, graph, given: frozenset[str]) -> str:
     """The model as built (a factory: only what it was called with) and the device costed for."""
-    from remat_opt.costing.graph_costs import resolve_device
+    from remat_opt.costing.graph_costs import resolve_device_spec as resolve_costed_spec
     from remat_opt.models.by_name import describe_model
     from remat_opt.core.report import format_model
 
-    device = resolve_device(request.device_spec, request.table, graph)
+    device = resolve_costed_spec(request.device_spec, request.table, graph)
     parallel = _parallel_of_graph(graph)
     return f"{format_model(describe_model(spec, given))}{parallel}, costed for {device.name}"
 
@@ -341,15 +341,25 @@ def _parallel_of_graph(graph) -> str:
     return f", per rank of {max(sizes)}" if sizes else ""
 
 
+def _sweep_budgets(args: argparse.Namespace) -> tuple[str, list[float] | None]:
+    """``(budget kind, explicit budgets in GB or None)`` of ``remat-opt pareto``'s flags."""
+    kind, flag, text = (("peak", "--budget-gb", args.budget_gb) if args.budget_gb is not None else
+                        ("activation", "--activation-budget-gb", args.activation_budget_gb))
+    if text is None:
+        return args.sweep or "activation", None
+    if args.sweep not in (None, kind):
+        raise ValueError(f"{flag} gives {kind} budgets; --sweep {args.sweep} contradicts it (drop one)")
+    return kind, parse_budgets_gb(text, flag)
+
+
 def cmd_pareto(args: argparse.Namespace) -> int:
     from remat_opt.costing.cost_cache import with_auto_costs
     from remat_opt.analysis.curves import plot_curve, render_points, write_csv
-    from remat_opt.planning.planner import PlanRequest, pareto_points, plan_step
-    from remat_opt.solvers.pareto import ParetoPoint
+    from remat_opt.planning.planner import PlanRequest, sweep
 
     check_model_args(args)
-    budgets_gb = None if args.budgets_gb is None else parse_budgets_gb(args.budgets_gb)
-    request = PlanRequest.create(**_cost_request_kwargs(args))
+    budget_kind, budgets_gb = _sweep_budgets(args)
+    request = PlanRequest.create(solver=args.solver, **_cost_request_kwargs(args))
     out = Path(args.out)
     check_writable_dir(out, "--out")
     spec, graph, _ = analyze_from_args(args)
@@ -357,20 +367,16 @@ def cmd_pareto(args: argparse.Namespace) -> int:
     if costs_note:
         print(costs_note, file=sys.stderr)
     if budgets_gb is None:
-        points = pareto_points(graph, request, args.points, budget=args.budget)
+        points = sweep(graph, request, budget_kind=budget_kind, n_points=args.points)
     else:
-        key = "activation_budget_bytes" if args.budget == "saved" else "peak_budget_bytes"
-        points = []
-        for gb in budgets_gb:
-            try:
-                plan = plan_step(graph, replace(request, **{key: round(gb * 1e9)})).plan
-            except InfeasibleBudgetError as e:
-                raise e.to_gb("--budgets-gb") from e
-            points.append(ParetoPoint(round(gb * 1e9), plan.peak_bytes, plan.saved_bytes, plan.extra_time_s, plan))
+        try:
+            points = sweep(graph, request, budget_kind=budget_kind, budgets_bytes=[round(gb * 1e9) for gb in budgets_gb])
+        except InfeasibleBudgetError as e:
+            raise e.to_gb(_BUDGET_FLAGS[e.kind]) from e
     title = _title(spec, request, graph, given_options(args))
     csv_path = write_csv(points, out / "pareto.csv")
     png_path, svg_path = plot_curve(points, out / "pareto.png", out / "pareto.svg", title)
-    print(title + f"; {args.budget} budget sweep")
+    print(title + f"; {budget_kind} budget sweep ({_BUDGET_FLAGS[budget_kind + '_budget_bytes']})")
     print(render_points(points))
     print(f"\nwrote {csv_path}, {png_path}, {svg_path}")
     return 0
@@ -476,6 +482,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_solver_argument(parser: argparse.ArgumentParser) -> None:
+    from remat_opt.planning.planner import SOLVER_CHOICES
+
+    parser.add_argument("--solver", choices=SOLVER_CHOICES, default="auto",
+                        help="auto and ilp: the CP-SAT ILP (least recompute time under the budget, within "
+                             "--time-limit-s); mincut: networkx min-cut; save_all, recompute_all: the baselines")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="remat-opt", description="Cost-model-driven rematerialization for Thunder",
                      formatter_class=_HelpFormatter)
@@ -496,14 +510,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_parallel_arguments(pareto)
     add_cost_arguments(pareto)
     pareto.add_argument("--points", type=_int_at_least(2), default=8, help="how many budgets, from least memory to save-all")
-    pareto.add_argument("--budget", choices=("saved", "peak"), default="saved",
-                        help="sweep the saved-for-backward budget or the step peak budget")
-    pareto.add_argument("--budgets-gb", default=None,
-                        help="explicit comma-separated budgets in GB (e.g. 40,50,60) instead of --points")
+    pareto.add_argument("--sweep", choices=("activation", "peak"), default=None,
+                        help="the budget the points bound: activation (bytes saved for backward, as "
+                             "--activation-budget-gb; the default) or peak (the step peak, as --budget-gb)")
+    budgets = pareto.add_mutually_exclusive_group()
+    budgets.add_argument("--budget-gb", default=None, metavar="GB,GB,...",
+                         help="explicit step-peak budgets, comma-separated (e.g. 40,50,60), instead of --points")
+    budgets.add_argument("--activation-budget-gb", default=None, metavar="GB,GB,...",
+                         help="explicit saved-for-backward budgets, comma-separated, instead of --points")
+    add_solver_argument(pareto)
     pareto.add_argument("--out", default="pareto_out", help="folder for pareto.csv, pareto.png, pareto.svg")
     pareto.set_defaults(run=cmd_pareto)
-
-    from remat_opt.planning.planner import SOLVER_CHOICES
 
     plan = sub.add_parser("plan", help="plan under a budget and print the explain table")
     add_model_arguments(plan)
@@ -514,9 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="bound on the predicted step peak, GB")
     budgets.add_argument("--activation-budget-gb", type=_finite_float(positive=False), default=None,
                          help="bound on saved-for-backward bytes (inputs excluded), GB")
-    plan.add_argument("--solver", choices=SOLVER_CHOICES, default="auto",
-                      help="auto and ilp: the CP-SAT ILP (least recompute time under the budget, within "
-                           "--time-limit-s); mincut: networkx min-cut; save_all, recompute_all: the baselines")
+    add_solver_argument(plan)
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     plan.add_argument("--timeline", default=None, metavar="PNG",
                       help="draw the predicted memory over one step, save-all and the plan, to this PNG")

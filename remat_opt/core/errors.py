@@ -7,7 +7,7 @@ import math
 GB = 10**9  # budgets are in decimal gigabytes, as torch.cuda memory reports and litgpt print them
 
 # The solvers' budget names and the options users give them under, in GB.
-_GB_OPTION = {"budget_bytes": "activation_budget_gb", "peak_budget_bytes": "budget_gb"}
+_GB_OPTION = {"activation_budget_bytes": "activation_budget_gb", "peak_budget_bytes": "budget_gb"}
 
 
 def _gb_up(nbytes: int) -> str:
@@ -24,7 +24,7 @@ class InfeasibleBudgetError(ValueError):
     """No plan meets the budget; the message names the smallest feasible budget.
 
     Attributes:
-        kind: ``"budget_bytes"`` (saved bytes) or ``"peak_budget_bytes"``.
+        kind: ``"activation_budget_bytes"`` (saved bytes) or ``"peak_budget_bytes"``.
         budget: the budget asked for, in bytes.
         minimum: the smallest budget a plan was found for, in bytes.
         lower_bound: a proven lower bound on the smallest feasible budget (equal to `minimum`

@@ -75,7 +75,7 @@ class RematPlan:
         extra_time_s: summed time of `recompute_ops`.
         solve_time_s: wall time of the solver.
         gap: relative optimality gap of `extra_time_s` (0.0 proven optimal, None unknown).
-        budget_bytes: the saved-bytes budget it was solved for, if any.
+        activation_budget_bytes: the saved-bytes budget it was solved for, if any.
         peak_budget_bytes: the peak budget it was solved for, if any.
         notes: solver remarks (ties across repeated blocks, fallbacks, ...).
     """
@@ -91,7 +91,7 @@ class RematPlan:
     extra_time_s: float
     solve_time_s: float
     gap: float | None = None
-    budget_bytes: int | None = None
+    activation_budget_bytes: int | None = None
     peak_budget_bytes: int | None = None
     notes: tuple[str, ...] = ()
 
@@ -500,7 +500,7 @@ def check_plan(
     graph: JointGraph,
     plan: RematPlan,
     *,
-    budget_bytes: int | None = None,
+    activation_budget_bytes: int | None = None,
     peak_budget_bytes: int | None = None,
     pinned: Iterable[str] = (),
     op_time_s: Mapping[str, float] | None = None,
@@ -510,7 +510,7 @@ def check_plan(
     Args:
         graph: the joint graph the plan is for.
         plan: the plan.
-        budget_bytes: bound on saved bytes (default: the plan's `budget_bytes`).
+        activation_budget_bytes: bound on saved bytes (default: the plan's `activation_budget_bytes`).
         peak_budget_bytes: bound on the simulated peak (default: the plan's `peak_budget_bytes`).
         pinned: tag targets the user forbids recomputing.
         op_time_s: op times; when given, `extra_time_s` is checked too.
@@ -518,7 +518,7 @@ def check_plan(
     Returns:
         One message per violation.
     """
-    budget_bytes = plan.budget_bytes if budget_bytes is None else budget_bytes
+    activation_budget_bytes = plan.activation_budget_bytes if activation_budget_bytes is None else activation_budget_bytes
     peak_budget_bytes = plan.peak_budget_bytes if peak_budget_bytes is None else peak_budget_bytes
     known = set(_tag_target_ops(graph))
     errors = [f"tag target {t} names no forward op's output" for t in plan.recomputed_tag_targets if t not in known]
@@ -528,8 +528,8 @@ def check_plan(
     errors += _check_recompute_order(graph, plan, set(plan.saved_names))
     errors += _check_decisions(graph, plan, derivation)
     errors += _check_totals(graph, plan, derivation, op_time_s)
-    if budget_bytes is not None and plan.saved_bytes > budget_bytes:
-        errors.append(f"saved_bytes={plan.saved_bytes} > budget_bytes={budget_bytes}")
+    if activation_budget_bytes is not None and plan.saved_bytes > activation_budget_bytes:
+        errors.append(f"saved_bytes={plan.saved_bytes} > activation_budget_bytes={activation_budget_bytes}")
     if not derivation.unavailable:
         peak = simulate_peak_bytes(graph, plan.recomputed_tag_targets)
         if peak != plan.peak_bytes:

@@ -329,7 +329,7 @@ class RecomputeProblem:
         status: str,
         solve_time_s: float,
         gap: float | None = None,
-        budget_bytes: int | None = None,
+        activation_budget_bytes: int | None = None,
         peak_budget_bytes: int | None = None,
         notes: Iterable[str] = (),
     ) -> RematPlan:
@@ -350,7 +350,7 @@ class RecomputeProblem:
             extra_time_s=sum(float(self.op_time_s[op]) for op in rerun),
             solve_time_s=solve_time_s,
             gap=gap,
-            budget_bytes=budget_bytes,
+            activation_budget_bytes=activation_budget_bytes,
             peak_budget_bytes=peak_budget_bytes,
             notes=tuple(notes),
         )

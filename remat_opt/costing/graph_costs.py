@@ -79,34 +79,34 @@ def op_args(graph: JointGraph, op: OpNode) -> OpArgs:
     )
 
 
-def resolve_device(device: DeviceSpec | str | None, table: CostTable | None, graph: JointGraph) -> DeviceSpec:
+def resolve_device_spec(device_spec: DeviceSpec | str | None, table: CostTable | None, graph: JointGraph) -> DeviceSpec:
     """The device spec to cost for, from an explicit spec or name, the table, or the graph's device
     (a CPU graph: the nominal CPU; a CUDA graph: the sheet of that GPU, by its name).
 
     Raises:
-        ValueError: nothing says which device (a meta graph without a device or table), a CUDA
-            graph on a GPU with no spec sheet, or a device other than the table's.
+        ValueError: nothing says which device spec (a meta graph without a device spec or table), a CUDA
+            graph on a GPU with no spec sheet, or a device spec other than the table's.
     """
-    if table is not None and device is not None:
-        _check_table_device(device, table)
-    if isinstance(device, DeviceSpec):
-        return device
-    if device is None and table is not None:
+    if table is not None and device_spec is not None:
+        _check_table_device(device_spec, table)
+    if isinstance(device_spec, DeviceSpec):
+        return device_spec
+    if device_spec is None and table is not None:
         if table.calibration is not None:
             return cpu_device_spec(table.calibration, table.device)
         return get_device_spec(table.device)
-    if device == "cpu" or (device is None and _graph_device(graph) == "cpu"):
+    if device_spec == "cpu" or (device_spec is None and _graph_device(graph) == "cpu"):
         if table is not None and table.calibration is not None:
             return cpu_device_spec(table.calibration, table.device)
         return NOMINAL_CPU
-    if device is None and _graph_device(graph) == "cuda":
+    if device_spec is None and _graph_device(graph) == "cuda":
         return _cuda_device_spec(graph)
-    if device is None:
+    if device_spec is None:
         raise ValueError(
             f"the graph is on {_graph_device(graph)!r}: name the device spec to cost for "
             f"(device_spec= one of {', '.join(GPU_SPECS)}, or 'cpu'), or pass a cost table measured there"
         )
-    return get_device_spec(device)
+    return get_device_spec(device_spec)
 
 
 def _cuda_device_spec(graph: JointGraph) -> DeviceSpec:
@@ -128,15 +128,15 @@ def _cuda_device_spec(graph: JointGraph) -> DeviceSpec:
         ) from None
 
 
-def _check_table_device(device: DeviceSpec | str, table: CostTable) -> None:
-    name = device.name if isinstance(device, DeviceSpec) else device
+def _check_table_device(device_spec: DeviceSpec | str, table: CostTable) -> None:
+    name = device_spec.name if isinstance(device_spec, DeviceSpec) else device_spec
     if table.device_kind == "cpu":
         ok = name == "cpu" or name.startswith("cpu")
     else:
         ok = not name.startswith("cpu") and get_device_spec(table.device).name == get_device_spec(name).name
     if not ok:
         raise ValueError(
-            f"cost table measured on {table.device!r} cannot price ops on {name!r}: pass device=None to cost "
+            f"cost table measured on {table.device!r} cannot price ops on {name!r}: pass device_spec=None to cost "
             "for the table's device, or no table to cost from formulas alone"
         )
 
@@ -151,18 +151,18 @@ class CostModel:
 
     Args:
         graph: the joint graph.
-        device: a `DeviceSpec`, a GPU name (``"H100"``, ``"A100-80GB"``), ``"cpu"``, or None to take
-            it from `table` (or from the graph's device for a CPU graph).
+        device_spec: a `DeviceSpec`, a spec name (``"H100"``, ``"A100-80GB"``), ``"cpu"``, or None to
+            take it from `table` (or from the graph's device for a CPU or CUDA graph).
         table: measured times, preferred over formulas where an entry matches.
         region_graph: the fused graph of the same compilation, when `graph` is its unfused twin:
             forward ops of regions the table timed whole are priced by their share (module docstring).
     """
 
-    def __init__(self, graph: JointGraph, device: DeviceSpec | str | None = None, table: CostTable | None = None,
+    def __init__(self, graph: JointGraph, device_spec: DeviceSpec | str | None = None, table: CostTable | None = None,
                  region_graph: JointGraph | None = None):
         self.graph = graph
         self.table = table
-        self.device = resolve_device(device, table, graph)
+        self.device_spec = resolve_device_spec(device_spec, table, graph)
         self.region_graph = region_graph
         self._costs: dict[str, OpCost] = {}
         self._by_name = {op.name: op for op in graph.ops}
@@ -186,14 +186,14 @@ class CostModel:
         entry = self.table.lookup(op_key(args)) if self.table is not None else None
         if entry is not None:
             return with_time(cost, entry.time_s, "measured region" if is_fusion_symbol(op.symbol) else "measured")
-        return with_time(cost, roofline_time_s(cost, self.device), "formula")
+        return with_time(cost, roofline_time_s(cost, self.device_spec), "formula")
 
     def region_factors(self) -> dict[str, float]:
         """Unfused forward op name -> the factor its own time is scaled by (see the module docstring)."""
         if self._region_factors is None:
             self._region_factors = {}
             if self.region_graph is not None and self.table is not None:
-                regions = CostModel(self.region_graph, self.device, self.table)
+                regions = CostModel(self.region_graph, self.device_spec, self.table)
                 for region_ops, ops in region_groups(self.graph, self.region_graph):
                     times = [regions.op_cost(r) for r in region_ops]
                     own_s = sum(self.own_cost(op).time_s for op in ops)

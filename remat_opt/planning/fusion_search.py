@@ -30,7 +30,6 @@ from remat_opt.core.errors import InfeasibleBudgetError
 
 ACTIVATION = "activation_budget_bytes"  # bounds the realized saved bytes
 PEAK = "peak_budget_bytes"  # bounds the realized step peak
-_ERROR_KIND = {ACTIVATION: "budget_bytes", PEAK: "peak_budget_bytes"}
 
 
 @dataclass(frozen=True)
@@ -220,7 +219,7 @@ def _least_plan(targets, plan_at, realize, extra_time_s, rounds: list[Round]):
     if least.holds(targets):
         return plan, least
     name = next(n for n, t in targets.items() if least.realized.value(n) > t)
-    error = InfeasibleBudgetError(_ERROR_KIND[name], targets[name], least.realized.value(name), in_gb=True)
+    error = InfeasibleBudgetError(name, targets[name], least.realized.value(name), in_gb=True)
     error.add_note("after Thunder's fusion pass: the least-memory plan found "
                    f"({len(rounds)} dry run(s)) realizes {least.realized.value(name):,} B")
     raise error

@@ -1,8 +1,8 @@
-"""From a `JointGraph` and a request (budgets, solver, costs) to a checked `RematPlan`.
+"""From a `JointGraph` and a request (budgets, solver, costs) to checked plans.
 
-The one place that joins the cost model and the solvers. Offline, users call `plan_graph` and
-`pareto_curve` on the graph of `remat_opt.analyze`; `CostRemat` calls `plan_step` at compile time.
-No Thunder imports.
+The one place that joins the cost model and the solvers: `PlanRequest` is what every entry point
+builds (`CostRemat`, `remat_opt.plan_graph` and `pareto_curve`, the CLI), `plan_step` plans at one
+budget and `sweep` at several. No Thunder imports.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from remat_opt.core.graph import JointGraph
 from remat_opt.core.plan import RematPlan
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers import SOLVERS, BaselineOptions, ILPOptions, MinCutOptions, ParetoPoint, minimum_saved_bytes
-from remat_opt.solvers import pareto_front as solve_pareto_front
+from remat_opt.solvers.pareto import ACTIVATION, check_budget_kind, sweep_budgets, sweep_points
 
 SOLVER_CHOICES = ("auto", *SOLVERS)
 MAX_BUDGET_GB = 1e6  # a petabyte: larger budgets are typos (and overflow the solver's integers)
@@ -189,7 +189,7 @@ def _zero_time_plan(graph: JointGraph, costs: CostModel, request: PlanRequest) -
     problem = RecomputeProblem.from_graph(graph, times, pinned=paid_targets)
     options = ILPOptions(time_limit_s=request.time_limit_s)
     floor_bytes = minimum_saved_bytes(problem, options)
-    return SOLVERS["ilp"](problem, budget_bytes=floor_bytes, options=options)
+    return SOLVERS["ilp"](problem, activation_budget_bytes=floor_bytes, options=options)
 
 
 def plan_step(graph: JointGraph, request: PlanRequest) -> PlannedStep:
@@ -199,7 +199,7 @@ def plan_step(graph: JointGraph, request: PlanRequest) -> PlannedStep:
         InfeasibleBudgetError: no plan meets the budget; the message speaks in GB.
     """
     start_s = time.perf_counter()
-    costs = CostModel(graph, device=request.device_spec, table=request.table, region_graph=request.region_graph)
+    costs = CostModel(graph, device_spec=request.device_spec, table=request.table, region_graph=request.region_graph)
     problem = RecomputeProblem.from_graph(graph, forward_op_times_s(costs, graph))
     if request.peak_budget_bytes is None and request.activation_budget_bytes is None:
         plan = _zero_time_plan(graph, costs, request)
@@ -208,7 +208,7 @@ def plan_step(graph: JointGraph, request: PlanRequest) -> PlannedStep:
         try:
             plan = solver(
                 problem,
-                budget_bytes=request.activation_budget_bytes,
+                activation_budget_bytes=request.activation_budget_bytes,
                 peak_budget_bytes=request.peak_budget_bytes,
                 options=_solver_options(request),
             )
@@ -221,59 +221,44 @@ def plan_step(graph: JointGraph, request: PlanRequest) -> PlannedStep:
 
 
 # Offline plans on a fused graph (`--executors nvfuser-standin | torch-compile`) are not what Thunder
-# would save with their tags; CostRemat, at compile time, plans through the pass (issue 12, item 3).
+# would save with their tags; CostRemat, at compile time, plans through the pass.
 OFFLINE_FUSION_REMARK = (
     "this graph has fusion regions: Thunder's fusion pass re-partitions after a plan's tags, so this offline "
     "plan's saved bytes and peak are not what Thunder would save with it; CostRemat plans through the pass at "
     "compile time (remat_opt.planning.fusion_search), offline planning does not yet")
 
 
-def plan_graph(graph: JointGraph, *, budget_gb: float | None = None, activation_budget_gb: float | None = None,
-               solver: str = "auto", device_spec: str | None = None, cost_table=None,
-               time_limit_s: float = 10.0) -> RematPlan:
-    """Plans `graph` offline, as `CostRemat` with the same options would at compile time.
+def sweep_problem(problem: RecomputeProblem, request: PlanRequest, *, budget_kind: str = ACTIVATION,
+                  n_points: int | None = None, budgets_bytes=None, errors: list | None = None) -> list[ParetoPoint]:
+    """Plans of `problem` at several budgets of one kind, each as `request` says (solver, time limit):
+    `n_points` evenly spaced from the least feasible budget to save-all's, or the given
+    `budgets_bytes`. The one sweep behind `pareto_curve`, ``remat-opt pareto`` and the what-if
+    notebook (see `remat_opt.solvers.pareto.sweep_points`: a plan never slower than one at a smaller
+    budget).
 
     Args:
-        graph: a joint graph (`remat_opt.analyze`, `remat_opt.analyze_model`).
-        budget_gb: bound on the predicted peak of one training step, GB (10**9 bytes).
-        activation_budget_gb: bound on the bytes saved for backward (inputs excluded), GB.
-        solver: ``"auto"`` (ILP), ``"ilp"``, ``"mincut"``, ``"save_all"`` or ``"recompute_all"``.
-        device_spec: spec sheet to cost for (``"H100"``, ``"H200"``, ``"A100-80GB"``, ``"L40S"``,
-            ``"cpu"``); default: the cost table's device, else the graph's (a CPU graph).
-        cost_table: measured cost table (path or `costmodels.table.CostTable`).
-        time_limit_s: solver time limit.
-
-    Returns:
-        The checked `RematPlan` (``print(plan.summary())``).
+        errors: collects ``(bound_bytes, exception)`` for budgets left without a plan; None: raise.
 
     Raises:
-        InfeasibleBudgetError: the budget is below the least memory of any plan (named in GB).
+        ValueError: both or neither of `n_points` and `budgets_bytes`, or fewer than 2 points.
+        InfeasibleBudgetError: a given budget no plan meets (with `errors` None).
     """
-    request = PlanRequest.from_gb(budget_gb=budget_gb, activation_budget_gb=activation_budget_gb, solver=solver,
-                                  device_spec=device_spec, cost_table=cost_table, time_limit_s=time_limit_s)
-    return plan_step(graph, request).plan
+    check_budget_kind(budget_kind)
+    if (n_points is None) == (budgets_bytes is None):
+        raise ValueError("give n_points (evenly spaced budgets) or budgets_bytes (explicit ones), not both")
+    options = _solver_options(request)
+    solver = "ilp" if request.solver == "auto" else request.solver
+    if budgets_bytes is None:
+        if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 2:
+            raise ValueError(f"n_points must be at least 2 (an integer: least memory and save-all), got {n_points!r}")
+        budgets_bytes, known = sweep_budgets(problem, n_points, budget_kind, options)
+    else:
+        budgets_bytes, known = sorted(budgets_bytes), ()
+    return sweep_points(problem, budgets_bytes, budget_kind=budget_kind, solver=solver, options=options, known=known,
+                        errors=errors)
 
 
-def pareto_points(graph: JointGraph, request: PlanRequest, n_points: int, budget: str = "saved") -> list[ParetoPoint]:
-    """Pareto points of `graph` costed as `request` says (see `remat_opt.solvers.pareto`)."""
-    if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 2:
-        raise ValueError(f"n_points must be at least 2 (an integer: least memory and save-all), got {n_points!r}")
-    costs = CostModel(graph, device=request.device_spec, table=request.table, region_graph=request.region_graph)
-    return solve_pareto_front(graph, forward_op_times_s(costs, graph), n_points, budget=budget)
-
-
-def pareto_curve(graph: JointGraph, n_points: int = 8, *, budget: str = "saved", device_spec: str | None = None,
-                 cost_table=None) -> list[ParetoPoint]:
-    """Plans at `n_points` budgets from the least memory to save-all: memory against extra time.
-
-    Args:
-        graph: a joint graph (`remat_opt.analyze`, `remat_opt.analyze_model`).
-        n_points: how many budgets (at least 2).
-        budget: sweep the saved-bytes budget (``"saved"``) or the step-peak budget (``"peak"``).
-        device_spec: spec sheet to cost for (see `plan_graph`).
-        cost_table: measured cost table (path or `CostTable`).
-
-    Returns:
-        `ParetoPoint`s (budget, peak and saved bytes, extra seconds, plan), smallest budget first.
-    """
-    return pareto_points(graph, PlanRequest.create(device_spec=device_spec, cost_table=cost_table), n_points, budget)
+def sweep(graph: JointGraph, request: PlanRequest, **kwargs) -> list[ParetoPoint]:
+    """`sweep_problem` on `graph` costed as `request` says (device spec, cost table, regions)."""
+    costs = CostModel(graph, device_spec=request.device_spec, table=request.table, region_graph=request.region_graph)
+    return sweep_problem(RecomputeProblem.from_graph(graph, forward_op_times_s(costs, graph)), request, **kwargs)

@@ -1,6 +1,6 @@
 """Solvers: pure functions over a `RecomputeProblem`, one signature, one result type.
 
-    solve_x(problem, *, budget_bytes=None, peak_budget_bytes=None, options=XOptions()) -> RematPlan
+    solve_x(problem, *, activation_budget_bytes=None, peak_budget_bytes=None, options=XOptions()) -> RematPlan
 
 Every plan returned has passed the independent `remat_opt.core.plan.check_plan`. Pick a solver by
 name through `SOLVERS` (baselines included, so each solver has a reference).

@@ -13,11 +13,11 @@ from remat_opt.core.problem import RecomputeProblem
 class Budgets:
     """The two budgets a solver may receive (None: unbounded)."""
 
-    saved_bytes: int | None = None
+    activation_bytes: int | None = None
     peak_bytes: int | None = None
 
     def admits(self, saved_bytes: int, peak_bytes: int) -> bool:
-        return (self.saved_bytes is None or saved_bytes <= self.saved_bytes) and (
+        return (self.activation_bytes is None or saved_bytes <= self.activation_bytes) and (
             self.peak_bytes is None or peak_bytes <= self.peak_bytes
         )
 
@@ -32,7 +32,7 @@ def checked(problem: RecomputeProblem, plan: RematPlan) -> RematPlan:
 
 def raise_if_over(plan: RematPlan, budgets: Budgets, *, minimum_saved: int, minimum_peak: int) -> None:
     """Raises `InfeasibleBudgetError` for a fixed-plan solver whose plan is over budget."""
-    if budgets.saved_bytes is not None and plan.saved_bytes > budgets.saved_bytes:
-        raise InfeasibleBudgetError("budget_bytes", budgets.saved_bytes, minimum_saved, solver=plan.solver)
+    if budgets.activation_bytes is not None and plan.saved_bytes > budgets.activation_bytes:
+        raise InfeasibleBudgetError("activation_budget_bytes", budgets.activation_bytes, minimum_saved, solver=plan.solver)
     if budgets.peak_bytes is not None and plan.peak_bytes > budgets.peak_bytes:
         raise InfeasibleBudgetError("peak_budget_bytes", budgets.peak_bytes, minimum_peak, solver=plan.solver)

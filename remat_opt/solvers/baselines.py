@@ -15,19 +15,19 @@ class BaselineOptions:
     """Baselines take no options; the dataclass keeps the solver signature uniform."""
 
 
-def _fixed_plan(problem, units, name, budget_bytes, peak_budget_bytes) -> RematPlan:
+def _fixed_plan(problem, units, name, activation_budget_bytes, peak_budget_bytes) -> RematPlan:
     start = time.perf_counter()
     plan = problem.plan_for(
         units,
         solver=name,
         status="heuristic",
         solve_time_s=0.0,
-        budget_bytes=budget_bytes,
+        activation_budget_bytes=activation_budget_bytes,
         peak_budget_bytes=peak_budget_bytes,
     )
     # Building the plan (demand walk, peak simulation) is the whole solve: time it, not the call's arguments.
     plan = replace(plan, solve_time_s=time.perf_counter() - start)
-    budgets = Budgets(budget_bytes, peak_budget_bytes)
+    budgets = Budgets(activation_budget_bytes, peak_budget_bytes)
     raise_if_over(plan, budgets, minimum_saved=plan.saved_bytes, minimum_peak=plan.peak_bytes)
     return checked(problem, plan)
 
@@ -35,20 +35,20 @@ def _fixed_plan(problem, units, name, budget_bytes, peak_budget_bytes) -> RematP
 def solve_save_all(
     problem: RecomputeProblem,
     *,
-    budget_bytes: int | None = None,
+    activation_budget_bytes: int | None = None,
     peak_budget_bytes: int | None = None,
     options: BaselineOptions = BaselineOptions(),
 ) -> RematPlan:
     """Saves every tensor the backward reads (Thunder's default); raises if over a budget."""
-    return _fixed_plan(problem, (), "save_all", budget_bytes, peak_budget_bytes)
+    return _fixed_plan(problem, (), "save_all", activation_budget_bytes, peak_budget_bytes)
 
 
 def solve_recompute_all(
     problem: RecomputeProblem,
     *,
-    budget_bytes: int | None = None,
+    activation_budget_bytes: int | None = None,
     peak_budget_bytes: int | None = None,
     options: BaselineOptions = BaselineOptions(),
 ) -> RematPlan:
     """Tags every allowed unit: everything recomputable is recomputed; raises if over a budget."""
-    return _fixed_plan(problem, problem.allowed_units, "recompute_all", budget_bytes, peak_budget_bytes)
+    return _fixed_plan(problem, problem.allowed_units, "recompute_all", activation_budget_bytes, peak_budget_bytes)

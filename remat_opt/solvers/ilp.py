@@ -68,7 +68,7 @@ def _tiebreak(form: ILPModel, outcome: Outcome, budgets: Budgets, deadline: floa
 def solve_ilp(
     problem: RecomputeProblem,
     *,
-    budget_bytes: int | None = None,
+    activation_budget_bytes: int | None = None,
     peak_budget_bytes: int | None = None,
     options: ILPOptions = ILPOptions(),
 ) -> RematPlan:
@@ -76,7 +76,7 @@ def solve_ilp(
 
     Args:
         problem: the recompute problem.
-        budget_bytes: bound on saved bytes (distinct storages, inputs excluded).
+        activation_budget_bytes: bound on saved bytes (distinct storages, inputs excluded).
         peak_budget_bytes: bound on the simulated peak of one step.
         options: `ILPOptions`.
 
@@ -89,7 +89,7 @@ def solve_ilp(
     """
     start = time.perf_counter()
     deadline = start + options.time_limit_s
-    budgets = Budgets(budget_bytes, peak_budget_bytes)
+    budgets = Budgets(activation_budget_bytes, peak_budget_bytes)
     ties = choose_ties(problem, options.tie_blocks, options.min_tied_blocks)
     outcome, form = solve_model(problem, ties, options, budgets, deadline)
     if outcome.units is None and outcome.status != "infeasible" and ties.tied and time.perf_counter() < deadline:
@@ -118,7 +118,7 @@ def solve_ilp(
         status=outcome.status,
         solve_time_s=0.0,
         gap=gap,
-        budget_bytes=budget_bytes,
+        activation_budget_bytes=activation_budget_bytes,
         peak_budget_bytes=peak_budget_bytes,
         notes=notes,
     )

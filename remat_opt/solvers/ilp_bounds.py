@@ -100,9 +100,9 @@ def tag_targets(problem: RecomputeProblem, units) -> set[str]:
 
 
 def infeasible_error(problem: RecomputeProblem, budgets: Budgets, options: ILPOptions) -> InfeasibleBudgetError:
-    if budgets.saved_bytes is not None:
+    if budgets.activation_bytes is not None:
         minimum = minimum_saved_bytes(problem, options)
-        if budgets.saved_bytes < minimum:
-            return InfeasibleBudgetError("budget_bytes", budgets.saved_bytes, minimum, solver="ilp")
+        if budgets.activation_bytes < minimum:
+            return InfeasibleBudgetError("activation_budget_bytes", budgets.activation_bytes, minimum, solver="ilp")
     best, lower = minimum_peak_bytes(problem, options)
     return InfeasibleBudgetError("peak_budget_bytes", budgets.peak_bytes, best, lower, "ilp")

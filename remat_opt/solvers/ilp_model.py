@@ -21,7 +21,7 @@ With N0 the tensors the backward reads and o(t) the op writing t:
 * only demanded ops rerun (untied models, so that each plan has one assignment and a no-good cut
   removes exactly one plan): ``d[o] <= sum d[readers of o's outputs]`` unless the backward reads
   an output of o, and ``r[u] <= sum d[o in u]``;
-* saved budget: ``sum bytes[s] k[s] <= budget_bytes``;
+* saved budget: ``sum bytes[s] k[s] <= activation_budget_bytes``;
 * peak budget: ``const[e] + sum bytes[s] y[e, s] <= peak_budget_bytes`` for events e of
   `PeakModel` (a lower bound on the simulated peak), where ``y[e, s] >= s[a]`` for each alias a
   of storage s whose saving keeps s alive at e (``any_saved_...``), added lazily: after each
@@ -229,9 +229,9 @@ class ILPModel:
     def time_expr(self):
         return sum(w * self.var(k) for k, w in self.time_weights.items())
 
-    def add_saved_budget(self, budget_bytes: int) -> None:
-        # Saved budget: the kept storages fit in budget_bytes (exact after dividing by the gcd).
-        self.cp.add(self.saved_bytes_expr(self.byte_gcd) <= budget_bytes // self.byte_gcd)
+    def add_saved_budget(self, activation_budget_bytes: int) -> None:
+        # Saved budget: the kept storages fit in activation_budget_bytes (exact after dividing by the gcd).
+        self.cp.add(self.saved_bytes_expr(self.byte_gcd) <= activation_budget_bytes // self.byte_gcd)
 
     def _any_saved(self, aliases) -> Key | None:
         """The variable 'one of these aliases is saved' (a save variable itself for one alias)."""

@@ -72,10 +72,10 @@ def initial_rows(problem: RecomputeProblem) -> set[int]:
     return {int(np.argmax(save_all)), int(np.argmax(keep_none)), len(problem.graph.forward_ops)}
 
 
-def build_model(problem, ties: Ties, options: ILPOptions, budget_bytes, model_peak_bytes) -> ILPModel:
+def build_model(problem, ties: Ties, options: ILPOptions, activation_budget_bytes, model_peak_bytes) -> ILPModel:
     form = ILPModel(problem, ties, options)
-    if budget_bytes is not None:
-        form.add_saved_budget(budget_bytes)
+    if activation_budget_bytes is not None:
+        form.add_saved_budget(activation_budget_bytes)
     for event in initial_rows(problem) if model_peak_bytes is not None else ():
         form.add_peak_row(event, model_peak_bytes)
     form.cp.minimize(form.time_expr())
@@ -126,7 +126,7 @@ def solve_model(problem, ties: Ties, options: ILPOptions, budgets: Budgets, dead
     between the best fitting and the last overshooting value (`max_shrinks` solves in all); the
     gap is measured against the first relaxation's bound."""
     exact = options.exact_peak if options.exact_peak is not None else not ties.tied
-    form = build_model(problem, ties, options, budgets.saved_bytes, budgets.peak_bytes)
+    form = build_model(problem, ties, options, budgets.activation_bytes, budgets.peak_bytes)
     first = refine(form, budgets.peak_bytes, budgets.peak_bytes, deadline, exact)
     if first.status != "overshoot":
         return first, form
@@ -134,7 +134,7 @@ def solve_model(problem, ties: Ties, options: ILPOptions, budgets: Budgets, dead
     step = first.overshoot_bytes
     model_peak = high - step
     for _ in range(options.max_shrinks):
-        trial = build_model(problem, ties, options, budgets.saved_bytes, model_peak)
+        trial = build_model(problem, ties, options, budgets.activation_bytes, model_peak)
         outcome = refine(trial, budgets.peak_bytes, model_peak, deadline, exact=False)
         if outcome.status == "overshoot":
             # The solver fills any model budget to its edge, so equal steps can overshoot forever:

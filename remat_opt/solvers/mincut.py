@@ -216,10 +216,10 @@ def _best_within(problem, budgets: Budgets, options: MinCutOptions, ties: Ties) 
     candidates = sweep + baselines
     feasible = [c for c in candidates if budgets.admits(c.saved_bytes, c.peak_bytes)]
     if not feasible:
-        if budgets.saved_bytes is not None and all(c.saved_bytes > budgets.saved_bytes for c in candidates):
+        if budgets.activation_bytes is not None and all(c.saved_bytes > budgets.activation_bytes for c in candidates):
             minimum = min(c.saved_bytes for c in candidates)
-            raise InfeasibleBudgetError("budget_bytes", budgets.saved_bytes, minimum, solver="mincut")
-        within = [c for c in candidates if budgets.saved_bytes is None or c.saved_bytes <= budgets.saved_bytes]
+            raise InfeasibleBudgetError("activation_budget_bytes", budgets.activation_bytes, minimum, solver="mincut")
+        within = [c for c in candidates if budgets.activation_bytes is None or c.saved_bytes <= budgets.activation_bytes]
         minimum = min(c.peak_bytes for c in within)
         raise InfeasibleBudgetError("peak_budget_bytes", budgets.peak_bytes, minimum, solver="mincut")
     best = min(feasible, key=lambda c: (c.extra_time_s, c.saved_bytes))
@@ -242,7 +242,7 @@ def _best_within(problem, budgets: Budgets, options: MinCutOptions, ties: Ties) 
 def solve_mincut(
     problem: RecomputeProblem,
     *,
-    budget_bytes: int | None = None,
+    activation_budget_bytes: int | None = None,
     peak_budget_bytes: int | None = None,
     options: MinCutOptions = MinCutOptions(),
 ) -> RematPlan:
@@ -250,7 +250,7 @@ def solve_mincut(
 
     Args:
         problem: the recompute problem.
-        budget_bytes: bound on saved bytes.
+        activation_budget_bytes: bound on saved bytes.
         peak_budget_bytes: bound on the simulated peak.
         options: `MinCutOptions`.
 
@@ -261,14 +261,14 @@ def solve_mincut(
         InfeasibleBudgetError: no plan of the sweep meets the budgets (names the least reached).
     """
     start = time.perf_counter()
-    budgets = Budgets(budget_bytes, peak_budget_bytes)
+    budgets = Budgets(activation_budget_bytes, peak_budget_bytes)
     ties = choose_ties(problem, options.tie_blocks, options.min_tied_blocks)
-    if options.weight_bytes_per_s is not None or (budget_bytes is None and peak_budget_bytes is None):
+    if options.weight_bytes_per_s is not None or (activation_budget_bytes is None and peak_budget_bytes is None):
         weight = options.weight_bytes_per_s or default_weight(problem)
         best = _evaluate(problem, weight, mincut_units(problem, weight, ties), peak_budget_bytes is not None)
         if not budgets.admits(best.saved_bytes, best.peak_bytes):
-            if budget_bytes is not None and best.saved_bytes > budget_bytes:
-                kind, budget, minimum = "budget_bytes", budget_bytes, best.saved_bytes
+            if activation_budget_bytes is not None and best.saved_bytes > activation_budget_bytes:
+                kind, budget, minimum = "activation_budget_bytes", activation_budget_bytes, best.saved_bytes
             else:
                 kind, budget, minimum = "peak_budget_bytes", peak_budget_bytes, best.peak_bytes
             raise InfeasibleBudgetError(kind, budget, minimum, solver=f"mincut at weight {weight:.3g} B/s")
@@ -279,7 +279,7 @@ def solve_mincut(
         solver="mincut",
         status="heuristic",
         solve_time_s=0.0,
-        budget_bytes=budget_bytes,
+        activation_budget_bytes=activation_budget_bytes,
         peak_budget_bytes=peak_budget_bytes,
         notes=(f"weight {best.weight:.4g} bytes/s" if best.weight else "baseline candidate",),
     )

@@ -232,7 +232,7 @@ class CostRemat(Transform):
                 f"first, save {others:,} B, and this one saves {carried:,} B of activations it receives")
         short = [n for n, b in budgets.items() if taken[n] > b]
         if short:  # the budget is gone before this subgraph: say how much it needs in all
-            error = InfeasibleBudgetError(_KIND[short[0]], budgets[short[0]],
+            error = InfeasibleBudgetError(short[0], budgets[short[0]],
                                           taken[short[0]] + _least_bytes(graph, request, short[0]), in_gb=True)
             error.add_note(note)
             raise error
@@ -341,7 +341,7 @@ class _ThroughFusion:
         unknown_peak = realized.peak_bytes == _UNKNOWN_PEAK_BYTES
         peak_bytes = step.plan.peak_bytes if unknown_peak else realized.peak_bytes
         plan = replace(step.plan, saved_bytes=realized.saved_bytes, peak_bytes=peak_bytes,
-                       saved_names=tuple(graph.saved_names), budget_bytes=request.activation_budget_bytes,
+                       saved_names=tuple(graph.saved_names), activation_budget_bytes=request.activation_budget_bytes,
                        peak_budget_bytes=request.peak_budget_bytes)
         remark = (f"planned through Thunder's fusion pass ({len(rounds) + 1} dry run(s) with tags): it saves "
                   f"{realized.saved_bytes:,} B, step peak {realized.peak_bytes:,} B, as predicted here; the solver's "
@@ -400,7 +400,6 @@ def _tagged_dry_run(computation_trace, executors_list, names, tag_targets, dry_r
             p.tags.discard(ProxyTag.RECOMPUTE_IN_BACKWARD)
 
 
-_KIND = {"peak_budget_bytes": "peak_budget_bytes", "activation_budget_bytes": "budget_bytes"}
 
 
 def _least_bytes(graph, request: PlanRequest, name: str) -> int:

@@ -42,7 +42,7 @@ def regather_remark(step: PlannedStep) -> str | None:
     names = regather_units(step)
     if not names:
         return None
-    problem, link = step.problem, step.costs.device.interconnect
+    problem, link = step.problem, step.costs.device_spec.interconnect
     lines = []
     for name in names:
         unit = problem.units[name]
@@ -69,7 +69,7 @@ def agree_across_ranks(step: PlannedStep) -> PlannedStep:
     plan = step.plan
     agreed = step.problem.plan_for(
         targets[0], solver=f"{plan.solver} (rank 0's plan)", status=plan.status, solve_time_s=plan.solve_time_s,
-        gap=plan.gap, budget_bytes=plan.budget_bytes, peak_budget_bytes=plan.peak_budget_bytes, notes=plan.notes,
+        gap=plan.gap, activation_budget_bytes=plan.activation_budget_bytes, peak_budget_bytes=plan.peak_budget_bytes, notes=plan.notes,
     )
     remark = (f"rank {dist.get_rank()} planned {len(plan.recomputed_tag_targets)} tag targets and uses rank 0's "
               f"{len(agreed.recomputed_tag_targets)}: every rank must issue the same collectives")

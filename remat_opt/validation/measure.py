@@ -42,7 +42,11 @@ Peak (:func:`measure_step_peak_bytes`)
       64 KiB buffers) are reported apart, as ``other_threads_peak_bytes``: they overlap the step's
       own peak or not depending on thread timing, and they are the CPU counterpart of a
       communication library's own buffers, which ``torch.cuda.max_memory_allocated`` does not
-      count either (NCCL allocates outside the caching allocator). ``baseline_bytes`` is the
+      count either (NCCL allocates outside the caching allocator). A free on a thread the profiler
+      does not record is not seen: a gloo worker thread that releases a finished collective after
+      the step dropped its own reference frees the collective's tensors there, and the block then
+      counts as alive to the end of the step (``tests/distributed/distributed_runs.py`` waits for
+      gloo's workers after every wait, so that the step is the last holder). ``baseline_bytes`` is the
       bytes of the distinct storages the step uses that exist before it (inputs, parameters,
       buffers, and existing ``.grad`` tensors when they are kept). Allocations that bypass the
       c10 CPU allocator (oneDNN/MKL scratch space, Python objects) are not seen, and CPU bytes

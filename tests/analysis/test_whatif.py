@@ -65,9 +65,9 @@ def test_graph_summary_names_the_layers(tiny):
 def test_sweep_runs_from_least_peak_to_save_all(tiny, sweep):
     points = sweep.points
     assert len(points) + len(sweep.unsolved) == 5 and len(points) >= 2
-    assert [p.budget_bytes for p in points] == sorted(p.budget_bytes for p in points)
+    assert [p.swept_budget_bytes for p in points] == sorted(p.swept_budget_bytes for p in points)
     for p in points:  # within budget by an independent simulation of the plan's tags, not its own field
-        assert p.peak_bytes == simulate_peak_bytes(tiny, p.plan.recomputed_tag_targets) <= p.budget_bytes
+        assert p.peak_bytes == simulate_peak_bytes(tiny, p.plan.recomputed_tag_targets) <= p.swept_budget_bytes
         # an optimal plan of the solver is never replaced: the curve is monotone without substitution
         assert p.plan.status == "optimal" and not p.substituted, p
     assert [p.extra_time_s for p in points] == sorted((p.extra_time_s for p in points), reverse=True)
@@ -82,13 +82,14 @@ def test_sweep_reports_a_budget_without_plan(h100, monkeypatch):
     real = pareto_module.solve_once
     budgets_bytes, _ = sweep_budgets(h100.problem, 3, "peak")
 
-    def fail_lowest(problem, budget_bytes, *args, **kwargs):
-        if budget_bytes == budgets_bytes[0]:
+    def fail_lowest(problem, bound_bytes, *args, **kwargs):
+        if bound_bytes == budgets_bytes[0]:
             raise TimeoutError("ilp: no plan within budget found")
-        return real(problem, budget_bytes, *args, **kwargs)
+        return real(problem, bound_bytes, *args, **kwargs)
 
     monkeypatch.setattr(pareto_module, "solve_once", fail_lowest)
-    monkeypatch.setattr(whatif, "sweep_budgets", lambda *args: (budgets_bytes, ()))  # no known plan
+    planner = importlib.import_module("remat_opt.planning.planner")
+    monkeypatch.setattr(planner, "sweep_budgets", lambda *args: (budgets_bytes, ()))  # no known plan
     sweep = whatif.peak_sweep(h100, 3, label="x")
     assert len(sweep.points) == 2 and len(sweep.unsolved) == 1
     assert "no plan within budget" in sweep.unsolved[0]
@@ -164,7 +165,7 @@ def test_saved_bytes_of_a_plan(tiny, sweep):
 
 
 def test_plan_at_peak_gb_is_graph_plan(tiny, h100, sweep):
-    budget_gb = sweep.points[1].budget_bytes / whatif.GB
+    budget_gb = sweep.points[1].swept_budget_bytes / whatif.GB
     plan, reference = whatif.plan_at_peak_gb(h100, budget_gb), remat_opt.plan_graph(tiny, budget_gb=budget_gb, device_spec="H100")
     # CP-SAT may return another optimum among ties: compare the objective and the budget
     assert plan.extra_time_s == pytest.approx(reference.extra_time_s, rel=1e-6)
@@ -174,8 +175,8 @@ def test_plan_at_peak_gb_is_graph_plan(tiny, h100, sweep):
 
 
 def test_budget_table_shows_infeasible_budgets(h100, sweep):
-    save_all_gb = sweep.points[-1].budget_bytes / whatif.GB
-    low, mid, high = whatif.plans_at_peak_budgets(h100, (1e-6, sweep.points[1].budget_bytes / whatif.GB, save_all_gb))
+    save_all_gb = sweep.points[-1].swept_budget_bytes / whatif.GB
+    low, mid, high = whatif.plans_at_peak_budgets(h100, (1e-6, sweep.points[1].swept_budget_bytes / whatif.GB, save_all_gb))
     assert low.plan is None and low.infeasible and "budget_gb=1e-06 is below the minimum feasible" in low.message
     assert mid.plan is not None and high.plan.extra_time_s == 0
     rows = whatif.budget_rows(h100, [low, mid, high])

@@ -20,40 +20,43 @@ def _rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-@pytest.mark.parametrize("budget", ["saved", "peak"])
+@pytest.mark.parametrize("budget", ["activation", "peak"])
 def test_pareto_writes_png_svg_csv(budget, tmp_path, capsys):
     out = tmp_path / "curve"
-    argv = ["pareto", *TINY, "--device-spec", "h100", "--points", "4", "--budget", budget, "--out", str(out)]
+    argv = ["pareto", *TINY, "--device-spec", "h100", "--points", "4", "--sweep", budget, "--out", str(out)]
     if budget == "peak":  # with the stand-in (the default on meta), this 1-layer model's least peak is its
         argv += ["--executors", "fused-sdpa"]  # save-all peak: one point; with the fused SDPA alone, 4
     assert main(argv) == 0
     stdout = capsys.readouterr().out
     assert "peak GB" in stdout and "extra ms" in stdout and "costed for H100-SXM" in stdout
+    assert f"{budget} budget sweep" in stdout and f"{budget} budget GB" in stdout  # which budget the points are
     png, svg, table = out / "pareto.png", out / "pareto.svg", out / "pareto.csv"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<svg" in svg.read_text()
     rows = _rows(table)
     assert 2 <= len(rows) <= 4  # equal budgets collapse on a tiny model
-    budgets = [int(r["budget_bytes"]) for r in rows]
+    assert {r["budget_kind"] for r in rows} == {budget}
+    budgets = [int(r["swept_budget_bytes"]) for r in rows]
     assert budgets == sorted(budgets)
     extra = [float(r["extra_time_ms"]) for r in rows]
     assert all(a >= b - 1e-9 for a, b in zip(extra, extra[1:])), extra  # more memory, no more time
     assert extra[-1] == pytest.approx(0.0, abs=1e-9)
     for r in rows:
-        if budget == "saved":
-            assert int(r["saved_bytes"]) <= int(r["budget_bytes"])
+        if budget == "activation":
+            assert int(r["saved_bytes"]) <= int(r["swept_budget_bytes"])
         else:
-            assert int(r["peak_bytes"]) <= int(r["budget_bytes"])
+            assert int(r["peak_bytes"]) <= int(r["swept_budget_bytes"])
     assert len([line for line in stdout.splitlines() if line.endswith(("optimal", "feasible"))]) == len(rows)
 
 
 def test_pareto_explicit_budgets(tmp_path, capsys):
     out = tmp_path / "b"
-    argv = ["pareto", *TINY, "--device-spec", "cpu", "--budgets-gb", "0.0002,0.0001", "--out", str(out)]
+    argv = ["pareto", *TINY, "--device-spec", "cpu", "--activation-budget-gb", "0.0002,0.0001", "--out", str(out)]
     assert main(argv) == 0
     rows = _rows(out / "pareto.csv")
-    assert [int(r["budget_bytes"]) for r in rows] == [100_000, 200_000]
-    assert all(int(r["saved_bytes"]) <= int(r["budget_bytes"]) for r in rows)
+    assert [int(r["swept_budget_bytes"]) for r in rows] == [100_000, 200_000]
+    assert all(r["budget_kind"] == "activation" and int(r["saved_bytes"]) <= int(r["swept_budget_bytes"])
+               for r in rows)
     assert (out / "pareto.png").exists() and (out / "pareto.svg").exists()
 
 
@@ -102,22 +105,25 @@ def test_plan_json(capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["pareto", *TINY, "--device-spec", "x100"], "unknown --device-spec 'x100'"),
+        (["pareto", *TINY, "--device-spec", "x100"], "unknown device spec 'x100'"),
         (["pareto", *TINY, "--device-spec", "h100", "--points", "1"], "--points: must be at least 2, got 1"),
-        (["pareto", *TINY, "--device-spec", "h100", "--budgets-gb", ""], "--budgets-gb needs a comma-separated"),
-        (["pareto", *TINY, "--device-spec", "h100", "--budgets-gb", "1,,2"], "--budgets-gb needs a comma-separated"),
-        (["pareto", *TINY, "--device-spec", "h100", "--budgets-gb", "1,-2"], "must be finite and not negative"),
-        (["pareto", *TINY, "--device-spec", "h100", "--budgets-gb", "1,abc"], "'abc' is not a number"),
+        (["pareto", *TINY, "--device-spec", "h100", "--budget-gb", ""], "--budget-gb needs a comma-separated"),
+        (["pareto", *TINY, "--device-spec", "h100", "--activation-budget-gb", "1,,2"], "--activation-budget-gb needs a comma-separated"),
+        (["pareto", *TINY, "--device-spec", "h100", "--budget-gb", "1,-2"], "must be finite and not negative"),
+        (["pareto", *TINY, "--device-spec", "h100", "--budget-gb", "1,abc"], "'abc' is not a number"),
         (["plan", *TINY, "--device-spec", "h100", "--budget-gb", "-1"], "--budget-gb: must be finite and not negative"),
         (["plan", *TINY, "--device-spec", "h100", "--activation-budget-gb", "-0.5"],
          "--activation-budget-gb: must be finite and not negative"),
-        (["plan", *TINY, "--device-spec", "l40"], "unknown --device-spec 'l40'"),
+        (["plan", *TINY, "--device-spec", "l40"], "unknown device spec 'l40'"),
         (["plan", *TINY], "meta graphs need --device-spec"),
         (["plan", *TINY, "--device-spec", "h100", "--budget-gb", "0.000001"],
          "--budget-gb=1e-06 is below the minimum feasible"),
+        (["pareto", *TINY, "--device-spec", "h100", "--sweep", "peak", "--activation-budget-gb", "1"],
+         "--activation-budget-gb gives activation budgets; --sweep peak contradicts it"),
     ],
     ids=["unknown-spec", "one-point", "empty-budgets", "blank-budget", "negative-budget", "nan-budget",
-         "negative-budget-gb", "negative-activation", "unknown-spec-plan", "no-spec", "infeasible"],
+         "negative-budget-gb", "negative-activation", "unknown-spec-plan", "no-spec", "infeasible",
+         "sweep-contradicts-budgets"],
 )
 def test_bad_input_gets_one_line_error(argv, message, capsys):
     assert main(argv) == 2

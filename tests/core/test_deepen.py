@@ -104,7 +104,7 @@ def test_no_extra_layers_returns_the_graph():
 
 
 def test_peak_sweep_over_tied_layers_plans_every_budget(extended_and_direct):
-    points = remat_opt.pareto_curve(extended_and_direct[0], 6, device_spec="H100", budget="peak")
-    assert [p.peak_bytes <= p.budget_bytes for p in points] == [True] * len(points)
+    points = remat_opt.pareto_curve(extended_and_direct[0], 6, device_spec="H100", budget_kind="peak")
+    assert [p.peak_bytes <= p.swept_budget_bytes for p in points] == [True] * len(points)
     assert all(p.plan.status in ("optimal", "feasible") for p in points[1:]), [p.plan.status for p in points]
     assert [p.extra_time_s for p in points] == sorted((p.extra_time_s for p in points), reverse=True)

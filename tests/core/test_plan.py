@@ -112,7 +112,7 @@ def test_derive_matches_demand(view_graph, problem):
         (dict(extra_time_s=1.0), "extra_time_s=1.0 but the recomputed ops take"),
         (dict(decisions=()), "has no decision"),
         (dict(recomputed_tag_targets=("B", "nope")), "tag target nope names no forward op"),
-        (dict(budget_bytes=100), "saved_bytes=1024 > budget_bytes=100"),
+        (dict(activation_budget_bytes=100), "saved_bytes=1024 > activation_budget_bytes=100"),
         (dict(peak_budget_bytes=2000), "simulated peak 2304 > peak_budget_bytes=2000"),
     ],
     ids=["bytes", "peak", "saved", "ops", "time", "decisions", "unknown-target", "budget", "peak-budget"],

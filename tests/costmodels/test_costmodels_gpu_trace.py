@@ -1,6 +1,6 @@
 """Cost models on GPU symbols that cannot run here: a `JointGraph` hand-built from a real GPU trace.
 
-The fixture is the backward trace printed in ``shared/seeds/000_f68b9a5116c9de14.txt`` (Thunder
+The fixture is the backward trace in ``tests/data/thunder_1646_llama2_7b_backward_trace.txt`` (Thunder
 issue #1646: 1-layer Llama-2-7b, seq 4096, bf16, on an H100): its 45 ops in order, with the shapes
 from the trace's comments, ``nvFusionN`` regions, the recomputed ``cudnn_sdpa_fwd`` before
 ``cudnn_sdpa_bwd``, ``TorchCompile0`` (RoPE backward) and the embedding backward. Fusion outputs
@@ -12,6 +12,8 @@ backward, enough to test that regions cost their members' FLOPs and their bounda
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -114,6 +116,19 @@ def _rope_backward():
 
 def _view(symbol, src, name, shape, attr):
     return _op(symbol, [src], [_out(name, shape, view_of=src)], [("arg1", attr)])
+
+
+TRACE = Path(__file__).resolve().parents[1] / "data" / "thunder_1646_llama2_7b_backward_trace.txt"
+
+
+def _trace_calls(text: str) -> list[str]:
+    """The callees of the trace's top-level statements, in order (``torch.matmul`` -> ``matmul``)."""
+    calls = [m.group(1) for m in re.finditer(r"^  (?![ #])[^=\n]*?= ([\w.]+)\(", text, re.M)]
+    return [c.removeprefix("torch.") for c in calls]  # Thunder prints torch.torch.ops.aten.x for aten ops
+
+
+def test_the_fixture_is_the_recorded_trace_op_by_op():
+    assert [op[0] for op in backward_ops()] == _trace_calls(TRACE.read_text())
 
 
 def backward_ops():

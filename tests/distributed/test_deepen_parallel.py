@@ -83,10 +83,10 @@ def test_extended_graph_plans_like_the_direct_trace_under_a_forcing_budget(case)
     points = [remat_opt.pareto_curve(graph, 3, device_spec="H100") for graph in (extended, direct)]
     # The ILP prices ops in quanta of time_quantum_s: equally optimal plans may differ by that per op.
     resolution_s = ILPOptions().time_quantum_s * len(direct.forward_ops)
-    assert [p.budget_bytes for p in points[0]] == [p.budget_bytes for p in points[1]]
+    assert [p.swept_budget_bytes for p in points[0]] == [p.swept_budget_bytes for p in points[1]]
     middle = points[1][1]
-    assert middle.budget_bytes < points[1][2].budget_bytes and middle.extra_time_s > resolution_s  # it recomputes
+    assert middle.swept_budget_bytes < points[1][2].swept_budget_bytes and middle.extra_time_s > resolution_s  # it recomputes
     for a, b in zip(*points):
         assert (a.plan.status, b.plan.status) == ("optimal", "optimal")
         assert a.extra_time_s == pytest.approx(b.extra_time_s, rel=0, abs=resolution_s)
-        assert max(a.saved_bytes, b.saved_bytes) <= a.budget_bytes
+        assert max(a.saved_bytes, b.saved_bytes) <= a.swept_budget_bytes

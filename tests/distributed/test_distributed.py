@@ -47,6 +47,8 @@ def ranks(tmp_path_factory):
     results = spawn(CASES, str(tmp_path_factory.mktemp("ranks")))
     for rank, result in enumerate(results):
         assert "error" not in result, f"rank {rank}:\n{result['error']}"
+        # every wait let gloo's worker release the finished collective (`let_gloo_release_finished_work`)
+        assert result.pop("wait_timeouts") == 0, f"rank {rank}: a gloo worker thread kept running after a wait"
     return results
 
 
@@ -55,7 +57,7 @@ def test_measured_saved_bytes_equal_prediction_and_hold_the_budget(ranks, label)
     for rank, result in enumerate(ranks):
         case = result[label]
         assert case["measured_saved_bytes"] == case["predicted_saved_bytes"], (rank, case)
-        assert case["measured_saved_bytes"] <= case["budget_bytes"], (rank, case)
+        assert case["measured_saved_bytes"] <= case["bound_bytes"], (rank, case)
 
 
 @pytest.mark.parametrize("label", LABELS)
@@ -71,7 +73,7 @@ def test_budget_below_save_all_recomputes(ranks, label):
     for result in ranks:
         case = result[label]
         save_all = result[label.split("-")[0] + "-save_all"]
-        assert case["budget_bytes"] < (save_all["predicted_peak_bytes"] if case["peak_budget"] else case["save_all_bytes"])
+        assert case["bound_bytes"] < (save_all["predicted_peak_bytes"] if case["peak_budget"] else case["save_all_bytes"])
         assert case["tag_targets"], "a budget below save-all must recompute something"
 
 
@@ -90,9 +92,9 @@ def test_a_budget_keeping_weights_cannot_meet_is_met_by_re_gathering(ranks):
     for result in ranks:
         case = result["fsdp-below_keep"]
         keep_minimum = result["fsdp-save_all"]["keep_minimum_bytes"]  # found on the save-all run
-        assert case["budget_bytes"] < keep_minimum  # no plan keeping every weight fits
+        assert case["bound_bytes"] < keep_minimum  # no plan keeping every weight fits
         assert case["regathered"], "the plan must re-gather a weight"
-        assert case["measured_saved_bytes"] <= case["budget_bytes"]
+        assert case["measured_saved_bytes"] <= case["bound_bytes"]
         assert "re-gathers" in case["explain"] and "all-gather" in case["explain"]
 
 
@@ -113,15 +115,17 @@ def test_cost_remat_before_the_data_parallel_transform_is_a_one_line_error(ranks
 def test_collectives_in_flight_go_below_the_floor_of_thunders_order(ranks):
     # Thunder issues every all-gather at the forward's start and waits for every reduce-scatter at
     # the backward's end: no plan's step peak goes below the least found in that order; with one
-    # collective in flight the least is lower, and the step measures what the plan predicts. The
-    # measured peak is the step's own allocations: the 64 KiB buffers gloo's worker threads stage
-    # collectives in are reported apart (`PeakMeasurement.other_threads_peak_bytes`), because
-    # whether they overlap the step's peak is thread timing (they made this check fail by chance)
+    # collective in flight the least is lower, and the step measures what the plan predicts. Two
+    # things of gloo's threads made this check fail by chance, and neither is the step's memory:
+    # the 64 KiB buffers gloo's worker threads stage collectives in (measured apart,
+    # `PeakMeasurement.other_threads_peak_bytes`), and a worker releasing a finished collective
+    # after the step dropped its own reference, which frees a weight where the profiler does not
+    # see it (the runs wait for the worker after every wait: `let_gloo_release_finished_work`)
     for rank, result in enumerate(ranks):
         case, floor = result["fsdp-in_flight_least"], result["fsdp-save_all"]["least_peak_bytes"]
         measured, predicted = case["measured_peak_bytes"], case["predicted_peak_bytes"]
-        figures = (rank, measured, predicted, case["budget_bytes"], floor)
-        assert predicted <= case["budget_bytes"] < floor, figures
+        figures = (rank, measured, predicted, case["bound_bytes"], floor)
+        assert predicted <= case["bound_bytes"] < floor, figures
         assert measured < floor, figures
         assert abs(measured - predicted) <= 0.05 * measured, figures
         assert case["measured_other_threads_peak_bytes"] > 0, "gloo's staging was not seen on its threads"

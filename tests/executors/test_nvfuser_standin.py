@@ -166,7 +166,7 @@ def test_plans_survive_thunders_fusion_pass(block_run, fraction, cost_table, tmp
     assert measured.activation_bytes == step.plan.saved_bytes <= budget
     assert step.plan.recomputed_tag_targets and step.fusion is not None
     # the user's budget, not the one the solver got in the winning round
-    assert step.request.activation_budget_bytes == step.plan.budget_bytes == budget
+    assert step.request.activation_budget_bytes == step.plan.activation_budget_bytes == budget
     # the solver's unfused model alone would have been wrong: the loop is what makes it exact
     assert step.fusion.solver_saved_bytes != step.plan.saved_bytes or fraction == 0.0
     if cost_table == "auto":

@@ -23,7 +23,7 @@ def _solver(least: int = 0):
     def plan_at(budgets):
         budget = budgets[ACTIVATION]
         if budget < least:
-            raise InfeasibleBudgetError("budget_bytes", budget, least)
+            raise InfeasibleBudgetError("activation_budget_bytes", budget, least)
         saved = min(budget, 1000)
         return _Plan(saved, (1000 - saved) / 1000)
     return plan_at

@@ -33,9 +33,9 @@ def test_random_graphs_have_no_blocks_to_tie(seed):
 @pytest.mark.parametrize("fraction", [0.25, 0.5, 0.75])
 def test_tied_solvers_return_checked_plans(stack, fraction):
     budget = int(solve_save_all(stack).saved_bytes * fraction)
-    tied = solve_ilp(stack, budget_bytes=budget, options=ILPOptions(tie_blocks=True))
-    untied = solve_ilp(stack, budget_bytes=budget, options=ILPOptions(tie_blocks=False))
-    cut = solve_mincut(stack, budget_bytes=budget, options=MinCutOptions(tie_blocks=True))
+    tied = solve_ilp(stack, activation_budget_bytes=budget, options=ILPOptions(tie_blocks=True))
+    untied = solve_ilp(stack, activation_budget_bytes=budget, options=ILPOptions(tie_blocks=False))
+    cut = solve_mincut(stack, activation_budget_bytes=budget, options=MinCutOptions(tie_blocks=True))
     for plan in (tied, untied, cut):
         assert plan.saved_bytes <= budget
         assert check_plan(stack.graph, plan, op_time_s=stack.op_time_s) == []

@@ -41,32 +41,32 @@ def test_pareto_front_from_the_minimum_to_save_all(problem):
     print("\nbudget_bytes saved_bytes peak_bytes extra_time_ms tags")
     for p in points:
         tags = len(p.plan.recomputed_tag_targets)
-        print(p.budget_bytes, p.saved_bytes, p.peak_bytes, round(p.extra_time_s * 1e3, 4), tags)
+        print(p.swept_budget_bytes, p.saved_bytes, p.peak_bytes, round(p.extra_time_s * 1e3, 4), tags)
     # The first budget is the least any plan meets: the model has no plan one byte below it.
     with pytest.raises(InfeasibleBudgetError):
-        solve_ilp(problem, budget_bytes=points[0].budget_bytes - 1)
+        solve_ilp(problem, activation_budget_bytes=points[0].swept_budget_bytes - 1)
     # The last is what Thunder saves by default (from the graph), where nothing needs recomputing.
-    assert points[-1].budget_bytes == graph.saved_activation_bytes and points[-1].extra_time_s == 0.0
+    assert points[-1].swept_budget_bytes == graph.saved_activation_bytes and points[-1].extra_time_s == 0.0
     _assert_own_optima(points)
     for p in points:
-        assert check_plan(graph, p.plan, budget_bytes=p.budget_bytes, pinned=problem.pinned,
+        assert check_plan(graph, p.plan, activation_budget_bytes=p.swept_budget_bytes, pinned=problem.pinned,
                           op_time_s=problem.op_time_s) == []
         derived = derive(graph, p.plan.recomputed_tag_targets).saved
-        assert p.saved_bytes == storage_bytes_of(graph, derived) <= p.budget_bytes
+        assert p.saved_bytes == storage_bytes_of(graph, derived) <= p.swept_budget_bytes
 
 
 def test_peak_pareto_front_is_monotone(problem):
-    points = pareto_front(problem, n_points=4, budget="peak")
+    points = pareto_front(problem, n_points=4, budget_kind="peak")
     _assert_own_optima(points)
     for p in points:
-        assert p.peak_bytes == simulate_peak_bytes(problem.graph, p.plan.recomputed_tag_targets) <= p.budget_bytes
+        assert p.peak_bytes == simulate_peak_bytes(problem.graph, p.plan.recomputed_tag_targets) <= p.swept_budget_bytes
 
 
 def test_ilp_optimum_is_no_slower_than_mincut(problem):
     budget = solve_save_all(problem).saved_bytes // 2
-    ilp, mincut = solve_ilp(problem, budget_bytes=budget), solve_mincut(problem, budget_bytes=budget)
+    ilp, mincut = solve_ilp(problem, activation_budget_bytes=budget), solve_mincut(problem, activation_budget_bytes=budget)
     for plan in (ilp, mincut):
-        assert check_plan(problem.graph, plan, budget_bytes=budget, op_time_s=problem.op_time_s) == []
+        assert check_plan(problem.graph, plan, activation_budget_bytes=budget, op_time_s=problem.op_time_s) == []
     assert ilp.status == "optimal"
     assert ilp.extra_time_s <= mincut.extra_time_s + 1e-12
 
@@ -81,10 +81,10 @@ def test_tied_blocks_give_a_valid_plan_no_faster_than_the_untied_optimum(problem
     blocks = find_repeated_blocks(problem.graph)
     assert blocks is not None and blocks.count == 2
     budget = solve_save_all(problem).saved_bytes // 2
-    tied = solve_ilp(problem, budget_bytes=budget, options=ILPOptions(tie_blocks=True))
-    untied = solve_ilp(problem, budget_bytes=budget, options=ILPOptions(tie_blocks=False))
+    tied = solve_ilp(problem, activation_budget_bytes=budget, options=ILPOptions(tie_blocks=True))
+    untied = solve_ilp(problem, activation_budget_bytes=budget, options=ILPOptions(tie_blocks=False))
     assert any("tied 2 repeated blocks" in note for note in tied.notes)
-    assert check_plan(problem.graph, tied, budget_bytes=budget, op_time_s=problem.op_time_s) == []
+    assert check_plan(problem.graph, tied, activation_budget_bytes=budget, op_time_s=problem.op_time_s) == []
     assert untied.status == "optimal"  # so no plan within the budget, tied or not, is faster
     assert tied.extra_time_s >= untied.extra_time_s - 1e-12
 

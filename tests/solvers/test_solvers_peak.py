@@ -98,14 +98,14 @@ def test_a_peak_budget_at_the_minimum_an_error_names_is_met(seed):
 @pytest.mark.parametrize("seed", SEEDS[:10])
 def test_peak_pareto_points_are_the_ilps_own_optima_within_budget(seed):
     problem, graph = _problem(seed), _problem(seed).graph
-    points = pareto_front(problem, n_points=5, budget="peak")
-    assert (points[0].budget_bytes, points[-1].budget_bytes) == (_level(seed, "min"), _brute_force(seed)[0][0])
+    points = pareto_front(problem, n_points=5, budget_kind="peak")
+    assert (points[0].swept_budget_bytes, points[-1].swept_budget_bytes) == (_level(seed, "min"), _brute_force(seed)[0][0])
     for p in points:
         # The solver's plan was optimal, so nothing replaced it: its own time is the brute-force optimum
         # at that budget (the curve is monotone by itself, not because `sweep_points` patched it).
         assert p.plan.status == "optimal" and not p.substituted, p
-        assert p.extra_time_s == pytest.approx(_fastest_within(seed, p.budget_bytes), abs=1e-12)
-        assert check_plan(graph, p.plan, peak_budget_bytes=p.budget_bytes, op_time_s=problem.op_time_s) == []
-        assert p.peak_bytes == simulate_peak_bytes(graph, p.plan.recomputed_tag_targets) <= p.budget_bytes
+        assert p.extra_time_s == pytest.approx(_fastest_within(seed, p.swept_budget_bytes), abs=1e-12)
+        assert check_plan(graph, p.plan, peak_budget_bytes=p.swept_budget_bytes, op_time_s=problem.op_time_s) == []
+        assert p.peak_bytes == simulate_peak_bytes(graph, p.plan.recomputed_tag_targets) <= p.swept_budget_bytes
     times = [p.extra_time_s for p in points]
     assert times == sorted(times, reverse=True)

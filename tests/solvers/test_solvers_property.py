@@ -67,11 +67,11 @@ def test_plans_pass_the_checker_and_mincut_is_no_faster_than_brute_force(seed):
     problem, graph = _problem(seed), _problem(seed).graph
     recompute_all = solve_recompute_all(problem)
     budget = (recompute_all.saved_bytes + solve_save_all(problem).saved_bytes) // 2
-    ilp, mincut = solve_ilp(problem, budget_bytes=budget), solve_mincut(problem, budget_bytes=budget)
+    ilp, mincut = solve_ilp(problem, activation_budget_bytes=budget), solve_mincut(problem, activation_budget_bytes=budget)
     for plan in (ilp, mincut, recompute_all, solve_save_all(problem)):
         assert check_plan(graph, plan, pinned=problem.pinned, op_time_s=problem.op_time_s) == []
     for plan in (ilp, mincut):
-        assert check_plan(graph, plan, budget_bytes=budget, pinned=problem.pinned) == []
+        assert check_plan(graph, plan, activation_budget_bytes=budget, pinned=problem.pinned) == []
         assert _independent_saved_bytes(graph, plan) <= budget
     optimum = _fastest_within(seed, budget)
     assert ilp.status == "optimal" and ilp.extra_time_s == pytest.approx(optimum, abs=1e-12)
@@ -82,10 +82,10 @@ def test_plans_pass_the_checker_and_mincut_is_no_faster_than_brute_force(seed):
 @pytest.mark.parametrize("seed", SEEDS)
 def test_ilp_equals_brute_force_under_a_saved_budget(seed, level):
     budget = _level(seed, level)
-    plan = solve_ilp(_problem(seed), budget_bytes=budget)
+    plan = solve_ilp(_problem(seed), activation_budget_bytes=budget)
     assert plan.status == "optimal" and plan.gap == 0.0
     assert plan.extra_time_s == pytest.approx(_fastest_within(seed, budget), abs=1e-12)
-    assert check_plan(_problem(seed).graph, plan, budget_bytes=budget) == []
+    assert check_plan(_problem(seed).graph, plan, activation_budget_bytes=budget) == []
 
 
 @pytest.mark.parametrize("seed", SEEDS[::2])
@@ -93,14 +93,14 @@ def test_infeasible_saved_budget_names_the_minimum(seed):
     minimum = _level(seed, "min")
     if minimum == 0:
         pytest.skip("every activation can be recomputed: no budget is infeasible")
-    with pytest.raises(InfeasibleBudgetError, match=f"budget_bytes={minimum - 1} < minimum feasible {minimum}$"):
-        solve_ilp(_problem(seed), budget_bytes=minimum - 1)
+    with pytest.raises(InfeasibleBudgetError, match=f"activation_budget_bytes={minimum - 1} < minimum feasible {minimum}$"):
+        solve_ilp(_problem(seed), activation_budget_bytes=minimum - 1)
 
 
 @pytest.mark.parametrize("name", sorted(SOLVERS))
 def test_solvers_share_one_signature(name):
     problem = _problem(1)
-    plan = SOLVERS[name](problem, budget_bytes=None, peak_budget_bytes=None)
+    plan = SOLVERS[name](problem, activation_budget_bytes=None, peak_budget_bytes=None)
     assert plan.solver == name
     assert check_plan(problem.graph, plan, op_time_s=problem.op_time_s) == []
 
@@ -111,26 +111,26 @@ def test_time_out_returns_a_checked_plan():
     problem = RecomputeProblem.from_graph(graph, times)
     budget = solve_save_all(problem).saved_bytes // 3
     options = ILPOptions(time_limit_s=0.05, num_workers=1, tiebreak_saved_bytes=False)
-    plan = solve_ilp(problem, budget_bytes=budget, options=options)
+    plan = solve_ilp(problem, activation_budget_bytes=budget, options=options)
     assert plan.status in ("optimal", "feasible", "fallback")
     assert plan.status != "feasible" or plan.gap >= 0.0
-    assert check_plan(problem.graph, plan, budget_bytes=budget, op_time_s=problem.op_time_s) == []
+    assert check_plan(problem.graph, plan, activation_budget_bytes=budget, op_time_s=problem.op_time_s) == []
     assert _independent_saved_bytes(problem.graph, plan) <= budget
 
 
 @pytest.mark.parametrize("seed", range(10))
 def test_saved_pareto_points_are_the_ilps_own_optima_within_budget(seed):
     problem, graph = _problem(seed), _problem(seed).graph
-    points = pareto_front(problem, n_points=5, budget="saved")
+    points = pareto_front(problem, n_points=5, budget_kind="activation")
     save_all_bytes = _brute_force(seed)[0][0]  # mask 0: no unit tagged
-    assert (points[0].budget_bytes, points[-1].budget_bytes) == (_level(seed, "min"), save_all_bytes)
+    assert (points[0].swept_budget_bytes, points[-1].swept_budget_bytes) == (_level(seed, "min"), save_all_bytes)
     for p in points:
         # The solver's plan was optimal, so nothing replaced it: its own time is the brute-force optimum
         # at that budget (the curve is monotone by itself, not because `sweep_points` patched it).
         assert p.plan.status == "optimal" and not p.substituted, p
-        assert p.extra_time_s == pytest.approx(_fastest_within(seed, p.budget_bytes), abs=1e-12)
-        assert check_plan(graph, p.plan, budget_bytes=p.budget_bytes, op_time_s=problem.op_time_s) == []
-        assert p.saved_bytes == _independent_saved_bytes(graph, p.plan) <= p.budget_bytes
+        assert p.extra_time_s == pytest.approx(_fastest_within(seed, p.swept_budget_bytes), abs=1e-12)
+        assert check_plan(graph, p.plan, activation_budget_bytes=p.swept_budget_bytes, op_time_s=problem.op_time_s) == []
+        assert p.saved_bytes == _independent_saved_bytes(graph, p.plan) <= p.swept_budget_bytes
     times = [p.extra_time_s for p in points]
     assert times == sorted(times, reverse=True)
 

@@ -103,22 +103,22 @@ def _check_model(index: int) -> None:
     expected = _grad(reference, x, w)
     graph = analyze(fn, x, w)
     least, between, save_all = _budgets(graph, rng)
-    for budget_bytes in (least, between):
-        where = f"model {index} {names} at activation budget {budget_bytes} B"
-        jitted = thunder.jit(fn, transforms=[CostRemat(activation_budget_gb=budget_bytes / 1e9, device_spec="cpu")])
+    for activation_budget_bytes in (least, between):
+        where = f"model {index} {names} at activation budget {activation_budget_bytes} B"
+        jitted = thunder.jit(fn, transforms=[CostRemat(activation_budget_gb=activation_budget_bytes / 1e9, device_spec="cpu")])
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="CostRemat: .*fallback vjp")
                 torch.manual_seed(7)
                 measured = measure_saved_bytes(jitted, x, w)
         except InfeasibleBudgetError as e:  # allowed, if it names a larger budget
-            assert e.minimum > budget_bytes, f"{where}: {e}"
+            assert e.minimum > activation_budget_bytes, f"{where}: {e}"
             continue
         measured.output.backward()
         got = _take_grads(x, w)
         plan = last_planned_step(jitted).plan
-        assert measured.activation_bytes == plan.saved_bytes <= budget_bytes, (where, measured.activation_bytes, plan)
-        assert plan.recompute_ops or budget_bytes >= save_all, f"{where}: below save-all, nothing recomputed"
+        assert measured.activation_bytes == plan.saved_bytes <= activation_budget_bytes, (where, measured.activation_bytes, plan)
+        assert plan.recompute_ops or activation_budget_bytes >= save_all, f"{where}: below save-all, nothing recomputed"
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, msg=lambda m: f"{where}: {m}")
 
 
