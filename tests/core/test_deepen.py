@@ -13,6 +13,8 @@ from remat_opt.core.plan import simulate_peak_bytes
 from remat_opt.solvers import ILPOptions
 from synthetic import chain_graph, stacked_blocks_graph
 
+pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast subset is -m "not slow")
+
 # id: (config, executors, traced layers). 3 is the fewest layers `extend_layers` accepts: the
 # cheapest traces that still copy a layer. The nvFuser stand-in (the default on meta) needs 4: its
 # fusion regions span layer boundaries, so the first and last layers' blocks differ from the rest.

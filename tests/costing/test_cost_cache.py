@@ -17,6 +17,8 @@ from remat_opt.costing.cost_cache import ENV_VAR, auto_cost_table, table_path  #
 from remat_opt.models.examples import block  # noqa: E402
 from remat_opt.tracing.extract import analyze  # noqa: E402
 
+pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast subset is -m "not slow")
+
 BUDGET_GB = 50e3 / 1e9  # forces recomputation in the block (save-all: 434 kB)
 
 

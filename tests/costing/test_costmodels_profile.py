@@ -31,6 +31,8 @@ from remat_opt.costing.profiling import NO_REGION_CALLABLE, profile_graph, repla
 from remat_opt.validation.cost_report import compare, format_comparison
 from costmodels.table import load_table, op_key, save_table
 
+pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast subset is -m "not slow")
+
 QUICK = ProfileOptions(warmup=1, repeats=2, min_time_s=0.0)
 
 # Rank correlation of roofline and measured time over the 83 distinct ops of the tiny one-layer

@@ -23,6 +23,8 @@ from remat_opt.models.by_name import ModelSpec, build_model
 from remat_opt.costing.graph_costs import CostModel, coverage_report
 from remat_opt.costing.profiling import replay
 
+pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast subset is -m "not slow")
+
 LITGPT_FAMILIES = ("Llama-2-7b-hf", "Llama-3-8B", "gemma-2b", "phi-2", "pythia-14m", "Mistral-7B-v0.1")
 FAMILIES = (*LITGPT_FAMILIES, "block")
 

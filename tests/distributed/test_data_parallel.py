@@ -7,6 +7,8 @@ import pytest
 
 from remat_opt.distributed.data_parallel import DataParallel
 
+pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast subset is -m "not slow")
+
 
 SPEC_ARGS = dict(name="Llama-2-7b-hf", n_layer=1, device="meta", tiny=True)
 

@@ -16,6 +16,8 @@ from remat_opt.models.by_name import ModelSpec
 from remat_opt.core.plan import simulate_peak_bytes
 from remat_opt.solvers import ILPOptions
 
+pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast subset is -m "not slow")
+
 # id: (strategy, executors, traced layers, depth). The nvFuser stand-in (the default on meta) needs 4
 # traced layers: its regions span layer boundaries, and a layer's first norm weight is gathered with
 # the layer before it; two extra layers check that the copies hand those on. Thunder's executors

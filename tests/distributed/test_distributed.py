@@ -8,7 +8,10 @@ from __future__ import annotations
 import pytest
 import torch.distributed
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+pytestmark = [
+    pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available"),
+    pytest.mark.slow,  # two spawned ranks compile every case (minutes)
+]
 
 # Each case is a compilation on both ranks (~15 s): the suite runs the ones that force a claim (a
 # re-gather where keeping cannot meet the budget, every weight re-gathered at the minimum, DDP's

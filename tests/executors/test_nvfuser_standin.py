@@ -30,6 +30,8 @@ from remat_opt.costing.profiling import REGION_NOTE, replay  # noqa: E402
 from remat_opt.models.by_name import ModelSpec, build_model  # noqa: E402
 from remat_opt.transform.cost_remat import last_planned_step  # noqa: E402
 
+pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast subset is -m "not slow")
+
 # What Thunder 0.2.6's nvfuserex_impl.py registers and nvFuser fuses by default. A Thunder upgrade that
 # changes its registrations changes `claimed_ids()` and fails `test_claimed_ops_are_nvfusers_defaults`:
 # review the new list, then update this one.

@@ -18,6 +18,8 @@ from remat_opt.tracing.extract import GraphCapture, _Origin, analyze
 from remat_opt.validation.measure import measure_saved_bytes
 from remat_opt.models.by_name import ModelSpec, build_model
 
+pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast subset is -m "not slow")
+
 EXECUTOR_KINDS = ("default", "fused")
 
 

@@ -22,6 +22,8 @@ from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers import minimum_saved_bytes
 from remat_opt.transform.cost_remat import CostRemat, last_planned_step
 
+pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast subset is -m "not slow")
+
 BUDGET_POINTS = ("save_all", "75%", "50%", "25%", "minimum")
 
 
