@@ -106,7 +106,8 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 from remat_opt.executors import executors_for
 from remat_opt.validation.measure import measure_saved_bytes, measure_step_peak_bytes
-from remat_opt.transform.cost_remat import CostRemat, last_planned_step
+from remat_opt.transform.cost_remat import CostRemat
+from remat_opt.transform.explain import last_planned_step
 
 GRAD_RTOL = 1e-4
 GRAD_ATOL = 1e-5

@@ -16,7 +16,7 @@ import time
 
 from remat_opt.executors import executors_for
 from remat_opt.models.examples import block
-from remat_opt.tracing.extract import analyze
+from remat_opt.tracing.capture import analyze
 from remat_opt.models.by_name import ModelSpec, build_model
 
 from remat_opt.costing.graph_costs import coverage_report

@@ -45,7 +45,7 @@ import thunder
 import torch
 
 from remat_opt.executors import EXECUTOR_CHOICES, executors_for
-from remat_opt.tracing.extract import analyze
+from remat_opt.tracing.capture import analyze
 from remat_opt.models.by_name import ModelSpec, build_model
 
 from costmodels.timing import TIMING_METHODS, ProfileOptions

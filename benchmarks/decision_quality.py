@@ -36,7 +36,8 @@ import torch  # noqa: E402
 from remat_opt import InfeasibleBudgetError  # noqa: E402
 from remat_opt.executors import EXECUTOR_CHOICES, executors_for  # noqa: E402
 from remat_opt.validation.measure import measure_saved_bytes  # noqa: E402
-from remat_opt.transform.cost_remat import CostRemat, last_planned_step  # noqa: E402
+from remat_opt.transform.cost_remat import CostRemat
+from remat_opt.transform.explain import last_planned_step  # noqa: E402
 
 FRACTIONS = (("save-all", 1.0), ("75%", 0.75), ("50%", 0.5), ("25%", 0.25), ("minimum", 0.0))
 

@@ -22,7 +22,7 @@ from remat_opt.executors import EXECUTOR_CHOICES, default_executors
 from remat_opt.validation.graph_diff import structural_differences
 from remat_opt.models.graphs import analyze_spec
 from remat_opt.models.by_name import ModelSpec
-from remat_opt.core.plan import simulate_peak_bytes
+from remat_opt.core.simulation import simulate_peak_bytes
 
 
 def main() -> None:

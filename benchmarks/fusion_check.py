@@ -32,8 +32,8 @@ from remat_opt.models.examples import block  # noqa: E402
 from remat_opt.executors import executors_for  # noqa: E402
 from remat_opt.validation.measure import measure_saved_bytes, measure_step_peak_bytes  # noqa: E402
 from remat_opt.models.by_name import ModelSpec, build_model  # noqa: E402
-from remat_opt.core.plan import simulate_peak_bytes  # noqa: E402
-from remat_opt.transform.cost_remat import last_planned_step  # noqa: E402
+from remat_opt.core.simulation import simulate_peak_bytes  # noqa: E402
+from remat_opt.transform.explain import last_planned_step  # noqa: E402
 
 FAMILIES = ("block", "Llama-2-7b-hf", "Llama-3-8B", "Mistral-7B-v0.1", "gemma-2b", "phi-2", "pythia-14m")
 

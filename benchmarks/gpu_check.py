@@ -11,7 +11,7 @@ executors when importable) it runs, one after the other:
 * ``CostRemat x.xx``: `CostRemat(budget_gb=frac * predicted save-all peak)` per ``--budgets-frac``.
 
 Per run it prints the measured step peak (`remat_opt.validation.measure.measure_step_peak_bytes`, i.e.
-``torch.cuda.max_memory_allocated`` over one step) next to the plan's ``peak_bytes`` (`remat_opt.transform.cost_remat.last_planned_step`), the
+``torch.cuda.max_memory_allocated`` over one step) next to the plan's ``peak_bytes`` (`remat_opt.transform.explain.last_planned_step`), the
 median step time (CUDA events, after warm-up), and whether an SDPA forward was recomputed (an SDPA
 forward symbol in ``thunder.last_backward_traces(jitted)[-1]``).
 
@@ -162,7 +162,7 @@ def run_one(label, transform, model, x, ex_list, args) -> dict:
         row["measured"] = peak.peak_bytes
         row["max_alloc"] = torch.cuda.max_memory_allocated()
         if transform is not None:
-            from remat_opt.transform.cost_remat import last_planned_step
+            from remat_opt.transform.explain import last_planned_step
 
             step = last_planned_step(jitted)
             row["predicted"] = step.plan.peak_bytes
@@ -285,7 +285,7 @@ def standin_against_nvfuser(args, model, x, ex_list, base: dict) -> None:
     from remat_opt import analyze
     from remat_opt.executors import executors_for
     from remat_opt.validation.graph_diff import saved_set_differences, saved_signatures
-    from remat_opt.core.plan import simulate_peak_bytes
+    from remat_opt.core.simulation import simulate_peak_bytes
 
     real = analyze(model, x, executors=ex_list)
     with torch.device("meta"):

@@ -18,7 +18,7 @@ import pickle
 import time
 from pathlib import Path
 
-from remat_opt.core.plan import check_plan
+from remat_opt.core.checker import check_plan
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers import SOLVERS, ILPOptions, solve_save_all
 from remat_opt.core.layers import find_repeated_blocks

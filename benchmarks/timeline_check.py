@@ -21,8 +21,8 @@ from remat_opt.analysis.curves import plot_timeline  # noqa: E402
 from remat_opt.executors import executors_for  # noqa: E402
 from remat_opt.validation.measure import measure_step_peak_bytes  # noqa: E402
 from remat_opt.models.by_name import ModelSpec, build_model  # noqa: E402
-from remat_opt.core.plan import simulate_step  # noqa: E402
-from remat_opt.transform.cost_remat import last_planned_step  # noqa: E402
+from remat_opt.core.simulation import simulate_step  # noqa: E402
+from remat_opt.transform.explain import last_planned_step  # noqa: E402
 
 
 def main() -> None:

@@ -25,8 +25,8 @@ _thunder_import.install()
 
 _LAZY = {
     "CostRemat": ("remat_opt.transform.cost_remat", "CostRemat"),
-    "explain": ("remat_opt.transform.cost_remat", "explain"),
-    "analyze": ("remat_opt.tracing.extract", "analyze"),
+    "explain": ("remat_opt.transform.explain", "explain"),
+    "analyze": ("remat_opt.tracing.capture", "analyze"),
     "analyze_model": ("remat_opt.models.graphs", "analyze_model"),
     "plan_graph": ("remat_opt.analysis.offline", "plan_graph"),
     "pareto_curve": ("remat_opt.analysis.offline", "pareto_curve"),
@@ -34,7 +34,7 @@ _LAZY = {
     "measure_step_peak_bytes": ("remat_opt.validation.measure", "measure_step_peak_bytes"),
     "sdpa_cpu_ex": ("remat_opt.executors.sdpa_cpu", "sdpa_cpu_ex"),
     "InfeasibleBudgetError": ("remat_opt.core.errors", "InfeasibleBudgetError"),
-    "ModelTraceError": ("remat_opt.tracing.extract", "ModelTraceError"),
+    "ModelTraceError": ("remat_opt.tracing.capture", "ModelTraceError"),
     "DeepenError": ("remat_opt.core.deepen", "DeepenError"),
 }
 

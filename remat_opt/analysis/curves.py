@@ -118,8 +118,8 @@ def plot_curve(points: Sequence, png_path: str | Path, svg_path: str | Path, tit
 
 def plot_timeline(timelines: dict, png_path: str | Path, title: str = "", measured: dict | None = None) -> Path:
     """Draws the predicted live memory over one training step, one panel per timeline (e.g.
-    ``{"save-all": ..., "plan": ...}``, `remat_opt.core.plan.PeakTimeline` values), stacked by
-    `remat_opt.core.plan.MEMORY_KINDS`, with the forward/backward boundary and the peak marked; each panel
+    ``{"save-all": ..., "plan": ...}``, `remat_opt.core.simulation.PeakTimeline` values), stacked by
+    `remat_opt.core.simulation.MEMORY_KINDS`, with the forward/backward boundary and the peak marked; each panel
     also draws the other timelines' totals, dashed, for comparison. `measured` (same keys, live bytes
     in time order, e.g. `remat_opt.validation.measure.PeakMeasurement.timeline_bytes`) adds a last panel with
     the measured curves and the predicted peaks. Returns the PNG path."""
@@ -128,7 +128,7 @@ def plot_timeline(timelines: dict, png_path: str | Path, title: str = "", measur
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    from remat_opt.core.plan import MEMORY_KINDS
+    from remat_opt.core.simulation import MEMORY_KINDS
 
     png_path = Path(png_path)
     png_path.parent.mkdir(parents=True, exist_ok=True)

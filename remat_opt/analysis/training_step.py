@@ -32,7 +32,8 @@ from costmodels.devices import DeviceSpec, roofline_time_s
 from costmodels.formulas import ITEMSIZE, OpArgs, TensorMeta, formula_cost
 from remat_opt.costing.graph_costs import CostModel
 from remat_opt.core.graph import JointGraph
-from remat_opt.core.plan import MEMORY_KINDS, derive, round_up_bytes, simulate_step
+from remat_opt.core.plan import derive
+from remat_opt.core.simulation import MEMORY_KINDS, round_up_bytes, simulate_step
 
 CUDA_BLOCK_BYTES = 512  # c10/cuda/CUDACachingAllocator.cpp: kMinBlockSize, every size rounds up to it
 CUBLAS_WORKSPACE_BYTES = {"sm90": 4096 * 8 * 1024, "other": 4096 * 1024 * 2 + 16 * 1024 * 8}

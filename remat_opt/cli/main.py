@@ -197,7 +197,7 @@ def analyze_from_args(args: argparse.Namespace):
     few layers, extended; with ``REMAT_OPT_GRAPH_CACHE`` set, traced graphs are kept there. A
     ``module:factory`` model is traced as the factory builds it.
     """
-    from remat_opt.tracing.extract import analyze
+    from remat_opt.tracing.capture import analyze
     from remat_opt.models.graphs import analyze_spec
     from remat_opt.models.by_name import build_model, check_same_device, check_spec, litgpt_config
 
@@ -408,7 +408,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(explanation.summary_table() if args.summary else explanation)
     if args.timeline is not None:
         from remat_opt.analysis.curves import plot_timeline
-        from remat_opt.core.plan import simulate_step
+        from remat_opt.core.simulation import simulate_step
 
         timelines = {"save-all": simulate_step(graph), f"plan ({request.describe()})": simulate_step(graph, step.plan)}
         path = plot_timeline(timelines, args.timeline, _title(spec, request, graph, given_options(args)))
@@ -547,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, or a one-line usage error (`_Parser.error`)
         return e.code if isinstance(e.code, int) else 2
-    from remat_opt.tracing.extract import ModelTraceError
+    from remat_opt.tracing.capture import ModelTraceError
 
     try:
         return args.run(args)

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from remat_opt.core.graph import JointGraph, OpNode
-from remat_opt.core.plan import INPUT, RECOMPUTE, SAVE, RematPlan, TensorDecision, simulate_step
+from remat_opt.core.plan import INPUT, RECOMPUTE, RematPlan, SAVE, TensorDecision
+from remat_opt.core.simulation import simulate_step
 
 REASON_NOT_TAGGABLE = "an output is not taggable"
 REASON_RANDOM_OP = "random op: recomputing would draw new numbers"

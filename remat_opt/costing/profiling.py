@@ -9,7 +9,7 @@ Inputs and incoming gradients are drawn at random (indices within range of the o
 Fusion regions (``TorchCompileN``, ``nvFusionN``) are **timed whole**: the graph holds their
 member ops but not the compiled kernel (and timing the members one by one would measure an unfused
 program), so the replay calls the region callable Thunder built at compile time
-(`remat_opt.tracing.extract.region_calls`: the torch.compile'd region, nvFuser's fusion definition, the
+(`remat_opt.tracing.regions.region_calls`: the torch.compile'd region, nvFuser's fusion definition, the
 stand-in's region) on the tensors the replay produced. Their table key is the region's signature
 (member ops, input and output shapes; `costmodels.table.region_signature`), not its name, so a
 measurement serves any run with the same region. A graph without its callables (loaded from the
@@ -38,7 +38,7 @@ from costmodels.runners import approximation, index_bound, make_call, skip_reaso
 from costmodels.table import CostTable, TableEntry, library_versions, op_key
 from costmodels.timing import ProfileOptions, time_call
 from remat_opt.costing.graph_costs import op_args
-from remat_opt.tracing.extract import RegionCall, TensorArg, region_calls
+from remat_opt.tracing.regions import RegionCall, TensorArg, region_calls
 from remat_opt.core.graph import JointGraph, OpNode
 
 NO_REGION_CALLABLE = ("fusion region without the callable Thunder built for it (a graph loaded from the cache, "
@@ -318,7 +318,7 @@ def replay(
     Llama-2, seq 512), so their sum fell 23% short of the step's forward and backward.
 
     Fusion regions run through `regions` (op name -> `RegionCall`; default: the callables Thunder
-    built for `graph`, `remat_opt.tracing.extract.region_calls`). On ``device="meta"`` nothing runs for
+    built for `graph`, `remat_opt.tracing.regions.region_calls`). On ``device="meta"`` nothing runs for
     real: use ``time_ops=False`` to check that every runner produces the shapes and dtypes the graph
     records (`ReplayResult.problems`).
     """

@@ -6,7 +6,7 @@ sort_waits`, which prefers communication over everything else) issues every re-g
 start of the backward: all re-gathered weights are alive at once, and re-gathering saves little
 memory at the backward's peak. `place_regathers_before_use` moves each re-gather's all-gather and
 wait to just before the first op that reads the weight, which is the step the peak simulation
-(`remat_opt.core.plan.simulate_step`) predicts, and lets the weight be freed after its last use as
+(`remat_opt.core.simulation.simulate_step`) predicts, and lets the weight be freed after its last use as
 before. Every rank runs the same pass, so the ranks still issue their collectives in one order.
 
 With `collectives_in_flight`, `limit_collectives_in_flight` first orders the forward's all-gathers

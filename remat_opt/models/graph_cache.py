@@ -23,8 +23,8 @@ from remat_opt.core.graph import JointGraph
 
 ENV_VAR = "REMAT_OPT_GRAPH_CACHE"
 # remat-opt's sources that decide a traced graph, relative to the package root
-_SOURCES = ("_compat.py", "tracing/extract.py", "tracing/storage.py", "tracing/op_semantics.py", "core/graph.py",
-            "core/deepen.py", "core/layers.py", "models/by_name.py", "models/graphs.py",
+_SOURCES = ("_compat.py", "tracing/extract.py", "tracing/dry_run.py", "tracing/storage.py", "tracing/op_semantics.py",
+            "core/graph.py", "core/deepen.py", "core/layers.py", "models/by_name.py", "models/graphs.py",
             "distributed/regather_order.py", "distributed/collective_order.py", "distributed/data_parallel.py",
             "executors/sdpa_cpu.py", "executors/nvfuser_standin.py")  # fmt: skip
 

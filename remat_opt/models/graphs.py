@@ -65,7 +65,7 @@ def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors:
 
 def _analyze(model, inputs, executors, parallel, device: str) -> JointGraph:
     """The traced graph, one rank's under `parallel` (FSDP: the world size must divide the shards)."""
-    from remat_opt.tracing.extract import analyze
+    from remat_opt.tracing.capture import analyze
 
     if parallel is None:
         return analyze(model, *inputs, executors=executors)

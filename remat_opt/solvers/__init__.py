@@ -2,7 +2,7 @@
 
     solve_x(problem, *, activation_budget_bytes=None, peak_budget_bytes=None, options=XOptions()) -> RematPlan
 
-Every plan returned has passed the independent `remat_opt.core.plan.check_plan`. Pick a solver by
+Every plan returned has passed the independent `remat_opt.core.checker.check_plan`. Pick a solver by
 name through `SOLVERS` (baselines included, so each solver has a reference).
 
 Modules: `baselines` (save-all, recompute-all), `mincut` (networkx min-cut), `ilp_model` (the

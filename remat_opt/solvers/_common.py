@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from remat_opt.core.errors import InfeasibleBudgetError, PlanCheckError
-from remat_opt.core.plan import RematPlan, check_plan
+from remat_opt.core.plan import RematPlan
+from remat_opt.core.checker import check_plan
 from remat_opt.core.problem import RecomputeProblem
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from remat_opt.core.plan import RematPlan, simulate_peak_bytes
+from remat_opt.core.plan import RematPlan
+
+from remat_opt.core.simulation import simulate_peak_bytes
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers._common import Budgets, checked
 from remat_opt.solvers.blocks import Ties, choose_ties

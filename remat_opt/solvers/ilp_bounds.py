@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from remat_opt.core.plan import simulate_peak_bytes
+from remat_opt.core.simulation import simulate_peak_bytes
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers._common import Budgets, InfeasibleBudgetError
 from remat_opt.solvers.blocks import choose_ties

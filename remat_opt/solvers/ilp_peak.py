@@ -2,7 +2,7 @@
 over the model's peak budget.
 
 The model's peak rows (`solvers.peak_model`) are a lower bound on the simulated peak
-(`remat_opt.core.plan.simulate_step`). `refine` solves, simulates the plan, and adds the violated row
+(`remat_opt.core.simulation.simulate_step`). `refine` solves, simulates the plan, and adds the violated row
 (or a schedule-aware row, `solvers.schedule_rows`, or a no-good cut) until the plan fits.
 `solve_model` does that for untied models and, for tied (large) models, lowers the model's peak
 budget by the simulated overshoot and bisects it.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from remat_opt.core.plan import simulate_step
+from remat_opt.core.simulation import simulate_step
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers._common import Budgets
 from remat_opt.solvers.blocks import Ties

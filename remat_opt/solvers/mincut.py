@@ -28,7 +28,9 @@ from dataclasses import dataclass, replace
 import networkx as nx
 from networkx.algorithms.flow import boykov_kolmogorov
 
-from remat_opt.core.plan import RematPlan, simulate_peak_bytes
+from remat_opt.core.plan import RematPlan
+
+from remat_opt.core.simulation import simulate_peak_bytes
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers._common import Budgets, InfeasibleBudgetError, checked
 from remat_opt.solvers.blocks import Ties, choose_ties

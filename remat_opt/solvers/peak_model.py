@@ -1,7 +1,7 @@
 """`PeakModel`: a linear lower bound on the simulated step peak, used by the ILP's peak rows.
 
 It gives the live bytes at every step event as a function of which tensors are saved
-(`remat_opt.core.plan.simulate_step` is the exact simulation); it is exact for the forward and for
+(`remat_opt.core.simulation.simulate_step` is the exact simulation); it is exact for the forward and for
 save-all, and omits only liveness changes that recompute chains cause in the backward.
 `peak_model_of(problem)` builds it once per problem.
 """

@@ -1,43 +1,23 @@
-"""Thunder traces -> `JointGraph`: the only module that walks Thunder traces.
+"""Thunder traces -> `JointGraph`: the forward and backward traces of a dry run
+(`remat_opt.tracing.dry_run`) read op by op into the data model (`build_joint_graph`).
 
-`GraphCapture` is a Thunder transform whose pre-prologue hook (the point where `CostRemat` will
-plan) runs, on an **isolated copy** of the computation trace, what Thunder itself does next:
-`dce`, autodiff (`grad_transform_on_trace`), the executors' passes (`transform_for_execution`,
-including Thunder's own fusion-pair rematerialization) and `split_into_forward_and_backward`.
-The real compilation is left untouched: bound symbols are copied recursively with fresh tag sets,
-the names set is copied, and every proxy's tags are restored afterwards.
-
-Saved tensors are mapped back to the pre-autodiff proxies that a `RECOMPUTE_IN_BACKWARD` tag would
-have to go on through *origin markers*: before the dry run every pre-autodiff proxy and bound symbol
-gets a marker in its tags; Thunder carries proxy tags over to replacement proxies and bound-symbol
-tags over to decompositions and grad-rule outputs, so each saved tensor still names its origin.
-
+Saved tensors name the pre-autodiff proxies a tag would go on through the dry run's origin markers.
 Storage identity (which tensors alias which memory) is found by running every op of the final
 traces on the meta device, where torch decides exactly as on a real device whether an op returns a
 view (`reshape` of a non-contiguous tensor copies, of a contiguous one does not). Fusion regions,
-which cannot run on meta, are taken to allocate fresh outputs.
+which cannot run on meta, are taken to allocate fresh outputs; the callables Thunder built for them
+are kept beside the graph (`remat_opt.tracing.regions`).
 """
 
 from __future__ import annotations
 
-import warnings
-import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from remat_opt import _compat  # noqa: F401  (before thunder)
-
-warnings.filterwarnings("ignore", message="transformer_engine module not found")
-
-import thunder  # noqa: E402
-import torch  # noqa: E402
-from thunder.common import transform_for_execution  # noqa: E402
 from thunder.core import prims  # noqa: E402
-from thunder.core.proxies import FutureTensorProxy, NumberProxy, Proxy, TensorProxy  # noqa: E402
+import torch  # noqa: E402
+from thunder.core.proxies import FutureTensorProxy, Proxy, TensorProxy  # noqa: E402
 from thunder.core.pytree import tree_iter  # noqa: E402
 from thunder.core.symbol import BoundSymbol  # noqa: E402
-from thunder.core.trace import TraceCtx, from_trace  # noqa: E402
-from thunder.core.transform_common import Transform, dce  # noqa: E402
+from thunder.core.trace import TraceCtx  # noqa: E402
 
 from costmodels.interconnect import staging_bytes  # noqa: E402
 from costmodels.formulas import (  # noqa: E402
@@ -48,8 +28,9 @@ from costmodels.formulas import (  # noqa: E402
     WORLD_SIZE_ATTR,
 )
 from remat_opt.core import graph as g  # noqa: E402
-from remat_opt.distributed.regather_order import order_fsdp_collectives  # noqa: E402
-from remat_opt.tracing.op_semantics import FallbackWork, draws_random_itself, fallback_work, is_random  # noqa: E402
+from remat_opt.tracing.dry_run import GRAPH_TENSORS, markers, tensor_outs  # noqa: E402
+from remat_opt.tracing.op_semantics import FallbackWork, fallback_work, is_random  # noqa: E402
+from remat_opt.tracing.regions import register_region_calls  # noqa: E402
 from remat_opt.tracing.storage import StorageTracker, member_workspace_bytes, proxy_bytes  # noqa: E402
 
 TORCH_FUNCTION_ATTR = ANNOTATION_PREFIX + "torch_function"  # the torch function behind a fallback op
@@ -70,140 +51,9 @@ STRUCTURAL_SYMBOLS = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
-class _Origin:
-    """Marker carried in tags: which pre-autodiff bound symbol (or proxy) a value came from.
-
-    Identity-hashed, so markers never collide with Thunder's own tags.
-    """
-
-    proxy_name: str | None  # the pre-autodiff proxy (None on a bound-symbol marker)
-    symbol: str
-    depth: int  # 0 for top-level bound symbols, 1 for their subsymbols, ...
-    unit: str | None  # the proxy whose tag recomputes this bound symbol (see `_copy_marked`)
-    is_random: bool
-    __hash__ = object.__hash__
-    __eq__ = object.__eq__
-
-
-class _CaptureDone(Exception):
-    """Raised by `GraphCapture(stop=True)` to end a compilation once the graph is captured."""
-
-
-# A collective's future (`FutureTensorProxy`, not a TensorProxy) is a tensor of the graph: it holds
-# the collective's output buffer from the call to its `wait`, which returns that buffer.
-GRAPH_TENSORS = (TensorProxy, FutureTensorProxy)
 # Collectives whose Thunder implementation (`thunder/executors/torchex.py`) hands its input tensor to
 # the backend, which reads it until the wait; an all-reduce hands over a clone (its output) instead.
 HANDS_INPUT_TO_BACKEND = ("all_gather", "reduce_scatter")
-
-
-def _tensor_outs(bsym: BoundSymbol) -> list[TensorProxy]:
-    return [o for o in bsym.flat_proxy_outs if isinstance(o, GRAPH_TENSORS)]
-
-
-def _copy_marked(bsym: BoundSymbol, depth: int, inherited: dict[str, str] | None = None) -> tuple[BoundSymbol, bool]:
-    """Copies `bsym` recursively with fresh tag sets and adds origin markers to the copy; returns the
-    copy and whether its value depends on the RNG (decided bottom-up, each op checked once).
-
-    A tag on a proxy makes autodiff recompute the *shallowest* bound symbol that outputs it (with
-    its whole decomposition). So the unit a bound symbol is recomputed with is named by its first
-    new output, unless an ancestor also outputs one of its outputs: then it is the ancestor's unit.
-
-    Args:
-        bsym: the pre-autodiff bound symbol.
-        depth: 0 for top-level bound symbols.
-        inherited: proxy name -> unit, for the outputs of the ancestors.
-    """
-    inherited = inherited or {}
-    arg_names = {a.name for a in bsym.flat_proxy_args}
-    outs = [o for o in _tensor_outs(bsym) if o.name not in arg_names]
-    shared = [inherited[o.name] for o in outs if o.name in inherited]
-    unit = shared[0] if shared else (outs[0].name if outs else None)
-    child_inherited = {**inherited, **{o.name: unit for o in outs}} if unit else inherited
-    children = [_copy_marked(s, depth + 1, child_inherited) for s in bsym.subsymbols]
-    copy = bsym.from_bsym(subsymbols=[c for c, _ in children], tags=set(bsym.tags))
-    random = draws_random_itself(bsym) or any(r for _, r in children)
-    copy.tags.add(_Origin(None, bsym.sym.name, depth, unit, random))
-    for o in outs:
-        o.tags.add(_Origin(o.name, bsym.sym.name, depth, inherited.get(o.name, unit), random))
-    return copy, random
-
-
-def _all_proxies(trace: TraceCtx) -> dict[int, Proxy]:
-    found: dict[int, Proxy] = {}
-
-    def visit(bsyms):
-        for bsym in bsyms:
-            for p in (*bsym.flat_proxy_args, *bsym.flat_proxy_outs):
-                found[id(p)] = p
-            visit(bsym.subsymbols)
-
-    visit(trace.bound_symbols)
-    return found
-
-
-def dry_run(computation_trace: TraceCtx, executors_list, collectives_in_flight: int | None = None,
-            ) -> tuple[TraceCtx, TraceCtx | None]:
-    """Runs autodiff, the executors' passes and the split on an isolated, marked copy.
-
-    Must be called inside a Thunder compilation (a pre-prologue hook): executor grad rules are
-    looked up through the compile context. FSDP's collectives are placed as CostRemat places them
-    (`remat_opt.distributed.regather_order`): backward re-gathers before first use; with `collectives_in_flight`,
-    at most that many all-gathers or reduce-scatters in flight (None: Thunder's order).
-
-    Returns:
-        The final forward and backward traces (before `del` insertion), with origin markers.
-    """
-    from thunder.transforms.autodiff import grad_transform_on_trace, split_into_forward_and_backward
-
-    proxies = _all_proxies(computation_trace)
-    saved_tags = {key: set(p.tags) for key, p in proxies.items()}
-    try:
-        trace = from_trace(computation_trace)
-        trace.names = set(computation_trace.names)
-        trace.bound_symbols = [_copy_marked(b, 0)[0] for b in computation_trace.bound_symbols]
-        trace = dce(trace)
-        trace = grad_transform_on_trace(trace)
-        trace = _sort_waits_as_thunder_does(trace, executors_list)
-        trace = transform_for_execution(trace, executors_list=executors_list, use_del_last_used=False)[-1]
-        forward, backward = split_into_forward_and_backward(trace)
-        forward = order_fsdp_collectives(forward, collectives_in_flight)  # as CostRemat does
-        return forward, backward if backward is None else order_fsdp_collectives(backward, collectives_in_flight)
-    finally:
-        for key, p in proxies.items():
-            p.tags.clear()
-            p.tags.update(saved_tags[key])
-
-
-def _sort_waits_as_thunder_does(joint_trace: TraceCtx, executors_list) -> TraceCtx:
-    """What Thunder 0.2.6 does between autodiff and the executors' passes when the trace has
-    collectives (FSDP, DDP: ``thunder/__init__.py``): claim ops for the executors, then move each
-    ``wait`` as late as possible (`thunder.distributed.utils.sort_waits`). Without it, DDP's gradient
-    bucketing fails on the joint trace, and the order of all-gathers and waits differs from the run."""
-    from thunder.distributed.utils import maybe_sort_waits
-    from thunder.executors.passes import _transform_for_operator_executor_execution
-
-    claimed = _transform_for_operator_executor_execution(joint_trace, executors_list)
-    is_sorted, claimed = maybe_sort_waits(claimed)
-    return claimed if is_sorted else joint_trace
-
-
-def needs_backward(computation_trace: TraceCtx) -> bool:
-    """Whether Thunder will build a backward for this computation trace: as Thunder 0.2.6 decides
-    (``thunder/__init__.py``), some tensor argument requires grad and torch autograd support is on
-    (and grad is enabled: a call under ``torch.no_grad`` builds none). A function that switches
-    grad on inside may still get no backward: the dry run's result is the last word."""
-    from thunder.core.compile_data import get_compile_data
-
-    compile_data = get_compile_data()
-    if compile_data is not None and (compile_data.disable_torch_autograd_support or not compile_data.is_grad_enabled):
-        return False
-    return any(isinstance(a, TensorProxy) and a.requires_grad for a in computation_trace.args)
-
-
-def _markers(tags) -> list[_Origin]:
-    return [t for t in tags if isinstance(t, _Origin)]
 
 
 def _attrs(bsym: BoundSymbol) -> tuple[tuple[str, object], ...]:
@@ -228,7 +78,7 @@ def _op_tags(bsym: BoundSymbol, work: FallbackWork | None) -> frozenset[str]:
     tags = set()
     sym_tags = bsym.sym.tags or ()
     random = work.random if work is not None else is_random(bsym)  # the fallback op's run, reused
-    if random or any(m.is_random for m in _markers(bsym.tags)):  # executors may hide the draw
+    if random or any(m.is_random for m in markers(bsym.tags)):  # executors may hide the draw
         tags.add("random")
     if work is not None:
         tags.add("fallback" if work.known else "fallback_unknown")
@@ -246,7 +96,7 @@ def _op_tags(bsym: BoundSymbol, work: FallbackWork | None) -> frozenset[str]:
         # FSDP's all-gather of a weight (and its wait), from a pre-autodiff `synchronize`: re-gathering
         # it in the backward is the one recomputation of a collective that is allowed
         if COLLECTIVE_KINDS.get(bsym.sym.name, "all_gather") == "all_gather" and any(
-                m.symbol == "synchronize" for m in _markers(bsym.tags)):
+                m.symbol == "synchronize" for m in markers(bsym.tags)):
             tags.add("regather")
     return frozenset(tags)
 
@@ -276,7 +126,7 @@ def _staging_bytes(bsym: BoundSymbol) -> int:
 
 def _tag_units(bsym: BoundSymbol) -> tuple[str, ...]:
     """Tag targets whose recomputation re-runs `bsym` (its pre-autodiff ancestors), shallowest first."""
-    marks = sorted((m for m in _markers(bsym.tags) if m.unit is not None), key=lambda m: m.depth)
+    marks = sorted((m for m in markers(bsym.tags) if m.unit is not None), key=lambda m: m.depth)
     return tuple(dict.fromkeys(m.unit for m in marks))
 
 
@@ -293,7 +143,7 @@ def _op_node(bsym: BoundSymbol, name: str, is_backward: bool, index: int, member
         is_backward=is_backward,
         index=index,
         inputs=tuple(p.name for p in bsym.flat_proxy_args if isinstance(p, GRAPH_TENSORS)),
-        outputs=tuple(p.name for p in _tensor_outs(bsym)),
+        outputs=tuple(p.name for p in tensor_outs(bsym)),
         attrs=attrs,
         members=tuple(members),
         op_tags=_op_tags(bsym, work),
@@ -344,11 +194,11 @@ def _classify_saved(
     """Finds the tag target of a saved tensor, or why there is none."""
     if proxy.name in input_names:
         return g.TensorOrigin(proxy.name, None, None, False, g.REASON_INPUT)
-    proxy_marks = sorted(_markers(proxy.tags), key=lambda m: m.depth)
+    proxy_marks = sorted(markers(proxy.tags), key=lambda m: m.depth)
     if proxy_marks:
         origin, reason = proxy_marks[0], "activation"
     else:
-        bsym_marks = sorted(_markers(producer.tags), key=lambda m: -m.depth) if producer else []
+        bsym_marks = sorted(markers(producer.tags), key=lambda m: -m.depth) if producer else []
         if not bsym_marks or bsym_marks[0].unit is None:
             return g.TensorOrigin(proxy.name, None, None, False, g.REASON_NO_ORIGIN)
         origin, reason = bsym_marks[0], g.REASON_AUXILIARY
@@ -384,7 +234,7 @@ def build_joint_graph(
     for bsym, _ in bwd_ops:
         tracker.run(bsym, kind="backward", trace_ctx=backward_ctx)
 
-    producer_bsyms = {p.name: (bsym, p) for bsym, _ in fwd_ops for p in _tensor_outs(bsym)}
+    producer_bsyms = {p.name: (bsym, p) for bsym, _ in fwd_ops for p in tensor_outs(bsym)}
     origins = {
         name: _classify_saved(proxy, bsym, input_names, output_names) for name, (bsym, proxy) in producer_bsyms.items()
     }
@@ -400,56 +250,8 @@ def build_joint_graph(
         executors=executors,
         notes=tuple(f"{note} (x{count})" if count > 1 else note for note, count in notes.items()),
     )
-    _register_region_calls(graph, fwd_ops + bwd_ops)
+    register_region_calls(graph, fwd_ops + bwd_ops)
     return graph
-
-
-@dataclass(frozen=True, slots=True)
-class TensorArg:
-    """An argument of a `RegionCall` that is a tensor of the graph, by name."""
-
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class RegionCall:
-    """One fusion region as its executor built it at compile time: the callable the executed trace
-    calls (``TorchCompileN``: the torch.compile'd region; ``nvFusionN``: nvFuser's fusion
-    definition, or the stand-in's region) and its arguments in order, graph tensors as `TensorArg`
-    and any other value as it is. The data model cannot rebuild a region (its members are prims
-    whose permutations, lists and pad widths the graph does not keep), so the profiler runs this."""
-
-    fn: Callable
-    arguments: tuple
-
-
-# id(graph) -> op name -> RegionCall, for the graphs `build_joint_graph` made in this process; an
-# entry leaves with its graph. A side table keeps the data model free of Thunder's callables (a
-# graph can be pickled, deepened or compared).
-_REGION_CALLS: dict[int, dict[str, RegionCall]] = {}
-
-
-def region_calls(graph: g.JointGraph) -> dict[str, RegionCall]:
-    """Op name -> `RegionCall` of each fusion region of `graph`; empty for a graph `build_joint_graph`
-    did not make in this process (loaded from the graph cache, deepened, recorded elsewhere)."""
-    return _REGION_CALLS.get(id(graph), {})
-
-
-def _region_argument(value):
-    if isinstance(value, GRAPH_TENSORS):
-        return TensorArg(value.name)
-    return value.value if isinstance(value, NumberProxy) else value
-
-
-def _register_region_calls(graph: g.JointGraph, ops: list[tuple[BoundSymbol, g.OpNode]]) -> None:
-    calls = {}
-    for bsym, op in ops:
-        fn = (getattr(bsym, "_call_ctx", None) or {}).get(bsym.sym.name) if bsym.sym.is_fusion else None
-        if fn is not None:
-            calls[op.name] = RegionCall(fn=fn, arguments=tuple(_region_argument(a) for a in bsym.args))
-    if calls:
-        _REGION_CALLS[id(graph)] = calls
-        weakref.finalize(graph, _REGION_CALLS.pop, id(graph), None)
 
 
 def fallback_notes(ops) -> list[tuple[str, bool]]:
@@ -489,69 +291,3 @@ def _cotangents(backward_trace: TraceCtx) -> list[TensorProxy]:
             found.extend(o for o in bsym.flat_proxy_outs if isinstance(o, TensorProxy))
     return found
 
-
-class GraphCapture(Transform):
-    """Captures the `JointGraph` of each compilation in the pre-prologue hook.
-
-    Args:
-        stop: end the compilation once the graph is captured (used by `analyze`, which never runs
-            the model). With False the compilation proceeds, unchanged.
-    """
-
-    def __init__(self, *, stop: bool = False, collectives_in_flight: int | None = None):
-        self.stop, self.collectives_in_flight = stop, collectives_in_flight
-        self.graph: g.JointGraph | None = None
-        self.computation_trace: TraceCtx | None = None  # the pre-autodiff trace that tags go on
-        self.forward_trace: TraceCtx | None = None
-        self.backward_trace: TraceCtx | None = None
-
-    def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
-        executors_list = kwargs.get("executors_list") or thunder.get_default_executors()
-        self.computation_trace = computation_trace
-        if needs_backward(computation_trace):
-            self.forward_trace, self.backward_trace = dry_run(computation_trace, executors_list, self.collectives_in_flight)
-        if self.backward_trace is None:
-            raise ValueError("no backward: no input or parameter requires grad, nothing is saved for backward")
-        names = tuple(ex.name for ex in executors_list if not ex.name.startswith("__ad_hoc"))
-        self.graph = build_joint_graph(self.forward_trace, self.backward_trace, names)
-        if self.stop:
-            raise _CaptureDone
-        return prologue_trace, computation_trace, epilogue_trace
-
-
-def analyze(fn, *example_inputs, executors=None, transforms=(), collectives_in_flight: int | None = None,
-            **example_kwargs) -> g.JointGraph:
-    """The joint forward-backward graph of `fn` as Thunder would compile it, without running it.
-
-    Works with inputs and parameters on ``torch.device("meta")``.
-
-    Args:
-        fn: a ``torch.nn.Module`` or a function of tensors.
-        *example_inputs: inputs as the step will see them (at least one input or parameter must
-            require grad).
-        executors: Thunder executors, in priority order (Thunder's defaults when None).
-        transforms: Thunder transforms to run first (FSDPTransform, DDPTransform: the graph is one rank's).
-        collectives_in_flight: FSDP's all-gathers and reduce-scatters in flight at most, as
-            ``CostRemat(collectives_in_flight=...)`` runs them (None: Thunder's order).
-        **example_kwargs: keyword inputs.
-
-    Returns:
-        The `JointGraph`.
-    """
-    capture = GraphCapture(stop=True, collectives_in_flight=collectives_in_flight)
-    jitted = thunder.jit(fn, transforms=[*transforms, capture], executors=executors)
-    try:
-        jitted(*example_inputs, **example_kwargs)
-    except _CaptureDone:
-        return capture.graph
-    except Exception as e:  # the model's own failure, reported in one line
-        raise ModelTraceError(f"tracing {_describe(fn)} failed: {type(e).__name__}: {e}") from e
-    raise RuntimeError("the compilation finished without reaching the capture hook")
-
-
-class ModelTraceError(RuntimeError):
-    """The model could not be traced by Thunder (its forward raised, or inputs were invalid)."""
-
-
-def _describe(fn) -> str:
-    return type(fn).__name__ if isinstance(fn, torch.nn.Module) else getattr(fn, "__name__", repr(fn))

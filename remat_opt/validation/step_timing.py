@@ -113,7 +113,7 @@ def time_ops_in_step(step: Callable[[], object], graph: JointGraph, clock: OpClo
     Args:
         step: runs one training step of a model jitted with `clock` among its transforms (forward
             and backward).
-        graph: the joint graph of that compilation (`extract.analyze` with the same executors).
+        graph: the joint graph of that compilation (`remat_opt.analyze` with the same executors).
         clock: the `OpClock` instance in the step's transforms.
         steps: recorded steps; warmup_steps: steps run first and not recorded.
 

@@ -12,7 +12,7 @@ import remat_opt
 from remat_opt.costing.graph_costs import CostModel
 from remat_opt.analysis import whatif
 from remat_opt.core.layers import forward_layer_labels
-from remat_opt.core.plan import simulate_peak_bytes
+from remat_opt.core.simulation import simulate_peak_bytes
 from remat_opt.solvers import InfeasibleBudgetError
 from remat_opt.solvers.pareto import sweep_budgets
 from synthetic import chain_graph, stacked_blocks_graph
@@ -266,7 +266,7 @@ def test_default_executors_are_the_standin_on_meta_only():
 
 def test_training_step_adds_the_benchmarks_loss_optimizer_and_allocator(standin):
     from costmodels.formulas import formula_cost
-    from remat_opt.core.plan import simulate_step
+    from remat_opt.core.simulation import simulate_step
     from remat_opt.analysis.training_step import CUBLAS_WORKSPACE_BYTES, Parameters, _adamw_args, predict_training_step
 
     parameters = whatif.benchmark_parameters("Llama-2-7b-hf", n_layer=4, seq=SEQ, tiny=True)

@@ -9,7 +9,7 @@ from remat_opt.core.deepen import DeepenError, extend_layers
 from remat_opt.validation.graph_diff import structural_differences
 from remat_opt.core.layers import find_layers
 from remat_opt.models.graphs import analyze_model
-from remat_opt.core.plan import simulate_peak_bytes
+from remat_opt.core.simulation import simulate_peak_bytes
 from remat_opt.solvers import ILPOptions
 from synthetic import chain_graph, stacked_blocks_graph
 

@@ -5,7 +5,9 @@ import dataclasses
 import pytest
 
 from remat_opt.core.graph import REASON_FORWARD_OUTPUT, REASON_INPUT, JointGraph, OpNode, TensorNode, TensorOrigin
-from remat_opt.core.plan import MEMORY_KINDS, check_plan, derive, simulate_peak_bytes, simulate_step
+from remat_opt.core.plan import derive
+from remat_opt.core.simulation import MEMORY_KINDS, simulate_peak_bytes, simulate_step
+from remat_opt.core.checker import check_plan
 from remat_opt.core.problem import RecomputeProblem
 
 

@@ -16,7 +16,8 @@ from remat_opt.core.graph import (
     TensorNode,
     TensorOrigin,
 )
-from remat_opt.core.plan import derive, simulate_step, storage_bytes_of
+from remat_opt.core.plan import derive, storage_bytes_of
+from remat_opt.core.simulation import simulate_step
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers.peak_model import peak_model_of
 from synthetic import proxy_op_time_s

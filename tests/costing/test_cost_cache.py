@@ -15,7 +15,7 @@ import thunder  # noqa: E402
 from remat_opt import CostRemat, explain  # noqa: E402
 from remat_opt.costing.cost_cache import ENV_VAR, auto_cost_table, table_path  # noqa: E402
 from remat_opt.models.examples import block  # noqa: E402
-from remat_opt.tracing.extract import analyze  # noqa: E402
+from remat_opt.tracing.capture import analyze  # noqa: E402
 
 pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast subset is -m "not slow")
 

@@ -19,14 +19,14 @@ import torch
 import torch.nn.functional as F
 
 from remat_opt.models.examples import block
-from remat_opt.tracing.extract import analyze
+from remat_opt.tracing.capture import analyze
 from remat_opt.models.by_name import ModelSpec, build_model
 
 from remat_opt.costing.graph_costs import CostModel, coverage_report, op_args
 from costmodels.formulas import formula_cost
 from costmodels.timing import ProfileOptions
 from remat_opt.cli.main import main
-from remat_opt.tracing.extract import RegionCall, TensorArg, region_calls
+from remat_opt.tracing.regions import RegionCall, TensorArg, region_calls
 from remat_opt.costing.profiling import NO_REGION_CALLABLE, profile_graph, replay
 from remat_opt.validation.cost_report import compare, format_comparison
 from costmodels.table import load_table, op_key, save_table

@@ -17,7 +17,7 @@ import pytest
 import thunder
 
 from remat_opt.models.examples import block
-from remat_opt.tracing.extract import analyze
+from remat_opt.tracing.capture import analyze
 from remat_opt.models.by_name import ModelSpec, build_model
 
 from remat_opt.costing.graph_costs import CostModel, coverage_report

@@ -77,10 +77,10 @@ def test_reordering_the_graph_equals_tracing_with_the_pass(fsdp_4_ranks, in_flig
     from remat_opt.distributed.collective_order import reorder_graph
     from remat_opt.distributed.data_parallel import fake_process_group, parallel_transform
     from remat_opt.executors import default_executors, executors_for
-    from remat_opt.tracing.extract import analyze
+    from remat_opt.tracing.capture import analyze
     from remat_opt.validation.graph_diff import structural_differences
     from remat_opt.models.by_name import ModelSpec, build_model
-    from remat_opt.core.plan import simulate_peak_bytes
+    from remat_opt.core.simulation import simulate_peak_bytes
 
     model, inputs = build_model(ModelSpec(**SPEC_ARGS))
     with fake_process_group(4):

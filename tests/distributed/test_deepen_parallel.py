@@ -13,7 +13,7 @@ from remat_opt.distributed.data_parallel import DataParallel
 from remat_opt.validation.graph_diff import structural_differences
 from remat_opt.models.graphs import analyze_spec
 from remat_opt.models.by_name import ModelSpec
-from remat_opt.core.plan import simulate_peak_bytes
+from remat_opt.core.simulation import simulate_peak_bytes
 from remat_opt.solvers import ILPOptions
 
 pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast subset is -m "not slow")

@@ -24,11 +24,11 @@ from costmodels.table import CostTable, op_key  # noqa: E402
 from costmodels.timing import ProfileOptions  # noqa: E402
 from remat_opt.costing.cost_cache import ENV_VAR as COST_CACHE_ENV_VAR, auto_cost_table  # noqa: E402
 from remat_opt.costing.graph_costs import CostModel, op_args  # noqa: E402
-from remat_opt.tracing.extract import region_calls  # noqa: E402
+from remat_opt.tracing.regions import region_calls  # noqa: E402
 from remat_opt.validation.measure import measure_saved_bytes  # noqa: E402
 from remat_opt.costing.profiling import REGION_NOTE, replay  # noqa: E402
 from remat_opt.models.by_name import ModelSpec, build_model  # noqa: E402
-from remat_opt.transform.cost_remat import last_planned_step  # noqa: E402
+from remat_opt.transform.explain import last_planned_step  # noqa: E402
 
 pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast subset is -m "not slow")
 

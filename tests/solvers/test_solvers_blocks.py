@@ -2,7 +2,7 @@
 
 import pytest
 
-from remat_opt.core.plan import check_plan
+from remat_opt.core.checker import check_plan
 from remat_opt.core.problem import RecomputeProblem
 from synthetic import proxy_op_time_s
 from remat_opt.solvers import ILPOptions, MinCutOptions, solve_ilp, solve_mincut, solve_save_all

@@ -2,7 +2,11 @@
 
 import pytest
 
-from remat_opt.core.plan import check_plan, derive, simulate_peak_bytes, storage_bytes_of
+from remat_opt.core.plan import derive, storage_bytes_of
+
+from remat_opt.core.simulation import simulate_peak_bytes
+
+from remat_opt.core.checker import check_plan
 from remat_opt.core.problem import RecomputeProblem
 from synthetic import proxy_op_time_s
 from remat_opt.solvers import (
@@ -18,7 +22,7 @@ from remat_opt.core.layers import find_repeated_blocks
 
 @pytest.fixture(scope="module")
 def problem(executors) -> RecomputeProblem:
-    from remat_opt.tracing.extract import analyze
+    from remat_opt.tracing.capture import analyze
     from remat_opt.models.by_name import ModelSpec, build_model
 
     model, inputs = build_model(ModelSpec("Llama-2-7b-hf", n_layer=2, device="cpu", tiny=True))

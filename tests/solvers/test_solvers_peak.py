@@ -7,7 +7,11 @@ import functools
 
 import pytest
 
-from remat_opt.core.plan import check_plan, derive, simulate_peak_bytes, simulate_step
+from remat_opt.core.plan import derive
+
+from remat_opt.core.simulation import simulate_peak_bytes, simulate_step
+
+from remat_opt.core.checker import check_plan
 from remat_opt.solvers import InfeasibleBudgetError, pareto_front, solve_ilp, solve_mincut
 from synthetic import random_problem
 

@@ -10,7 +10,9 @@ import types
 
 import pytest
 
-from remat_opt.core.plan import check_plan, derive, storage_bytes_of
+from remat_opt.core.plan import derive, storage_bytes_of
+
+from remat_opt.core.checker import check_plan
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers import (
     SOLVERS,

@@ -14,7 +14,8 @@ from thunder.core.proxies import TensorProxy
 import remat_opt
 from remat_opt.core import graph as g
 from remat_opt.models.examples import block
-from remat_opt.tracing.extract import GraphCapture, _Origin, analyze
+from remat_opt.tracing.capture import GraphCapture, analyze
+from remat_opt.tracing.dry_run import Origin
 from remat_opt.validation.measure import measure_saved_bytes
 from remat_opt.models.by_name import ModelSpec, build_model
 
@@ -204,7 +205,7 @@ def test_analyze_reports_a_failing_forward_in_one_line():
         def forward(self, x):
             return self.fc(x) @ torch.ones(3, 3)
 
-    from remat_opt.tracing.extract import ModelTraceError
+    from remat_opt.tracing.capture import ModelTraceError
 
     with pytest.raises(ModelTraceError, match="tracing Broken failed"):
         analyze(Broken(), torch.randn(2, 8))

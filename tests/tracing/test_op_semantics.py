@@ -23,7 +23,7 @@ from remat_opt.costing.graph_costs import CostModel  # noqa: E402
 from remat_opt.core.problem import REASON_RANDOM_OP, RecomputeProblem  # noqa: E402
 from remat_opt.validation.measure import measure_saved_bytes, measure_step_peak_bytes  # noqa: E402
 from remat_opt.tracing.op_semantics import fallback_work, is_random, torch_function_of  # noqa: E402
-from remat_opt.transform.cost_remat import last_planned_step  # noqa: E402
+from remat_opt.transform.explain import last_planned_step  # noqa: E402
 from synthetic import proxy_op_time_s  # noqa: E402
 
 F = torch.nn.functional

@@ -30,7 +30,7 @@ from remat_opt.validation.measure import measure_saved_bytes  # noqa: E402
 from remat_opt.planning.planner import forward_op_times_s  # noqa: E402
 from remat_opt.core.problem import RecomputeProblem  # noqa: E402
 from remat_opt.solvers import minimum_saved_bytes  # noqa: E402
-from remat_opt.transform.cost_remat import last_planned_step  # noqa: E402
+from remat_opt.transform.explain import last_planned_step  # noqa: E402
 
 N = 16
 N_MODELS = int(os.environ.get("REMAT_OPT_FUZZ_MODELS", "6"))

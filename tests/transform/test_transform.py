@@ -20,7 +20,8 @@ from remat_opt.models.by_name import ModelSpec, build_model
 from remat_opt.planning.planner import forward_op_times_s
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers import minimum_saved_bytes
-from remat_opt.transform.cost_remat import CostRemat, last_planned_step
+from remat_opt.transform.cost_remat import CostRemat
+from remat_opt.transform.explain import last_planned_step
 
 pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast subset is -m "not slow")
 

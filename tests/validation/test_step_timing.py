@@ -11,7 +11,7 @@ import torch
 
 from costmodels.table import op_key
 from remat_opt.costing.graph_costs import op_args
-from remat_opt.tracing.extract import analyze
+from remat_opt.tracing.capture import analyze
 from remat_opt.validation.step_timing import OpClock, check_clock_matches, time_ops_in_step
 
 WIDTH, HIDDEN, ROWS = 256, 2048, 128

@@ -1,0 +1,151 @@
+"""Planning a compilation whose executors fuse (nvFuser, its stand-in, Thunder's torch.compile
+executor): Thunder re-partitions the joint trace after the tags and runs its own rematerialization,
+so the solver plans on the unfused graph and each candidate is realized by a dry run with its tags
+(`ThroughFusion`, the loop in `remat_opt.planning.fusion_search`); the realized bytes are the
+prediction. Also the step peak of a re-gathering FSDP plan in the order Thunder runs it
+(`peak_in_thunders_order`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from remat_opt import _compat  # noqa: F401  (before thunder)
+from remat_opt.tracing import extract
+from remat_opt.tracing.dry_run import dry_run as isolated_dry_run
+
+from remat_opt.core.simulation import simulate_peak_bytes  # noqa: E402
+from remat_opt.planning import fusion_search as fs  # noqa: E402
+from remat_opt.planning.planner import FusionOutcome, PlanRequest, PlannedStep, plan_step  # noqa: E402
+from remat_opt.transform.ranks import regather_units  # noqa: E402
+from remat_opt.transform.tags import tagged_dry_run, untagged  # noqa: E402
+
+
+def has_fusion(graph) -> bool:
+    return any("fusion" in op.op_tags for op in graph.ops)
+
+
+class ThroughFusion:
+    """Plans a compilation whose executors fuse (nvFuser, its stand-in, torch.compile): the solver
+    plans on the unfused joint graph and Thunder's own pass realizes each plan in a dry run, in a
+    loop (`remat_opt.planning.fusion_search`); the realized bytes are the prediction."""
+
+    def __init__(self, computation_trace, executors_list, names, fused_graph, dry_run=isolated_dry_run):
+        from thunder.extend import FusionExecutor
+
+        self.trace, self.executors, self.names = computation_trace, executors_list, names
+        self.fused_graph, self.dry_run = fused_graph, dry_run
+        unfused = [ex for ex in executors_list if not isinstance(ex, FusionExecutor)]
+        self.graph = extract.build_joint_graph(*dry_run(computation_trace, unfused), names)
+        self._realized: dict[tuple[str, ...], object] = {}  # tag targets -> realized fused graph
+        self._tried_units: set[str] = set()  # units `refine` added once (for the saved tensors they name)
+
+    def realized_graph(self, tag_targets):
+        key = tuple(sorted(tag_targets))
+        if key not in self._realized:
+            self._realized[key] = self.fused_graph if not key else tagged_dry_run(
+                self.trace, self.executors, self.names, key, self.dry_run)
+        return self._realized[key]
+
+    def realize(self, step: PlannedStep) -> fs.Realized:
+        return self.realize_tags(step.plan.recomputed_tag_targets)
+
+    def plan(self, request: PlanRequest) -> PlannedStep:
+        save_all = self.realize_tags(())
+        targets = {name: getattr(request, name) for name in (fs.ACTIVATION, fs.PEAK)
+                   if getattr(request, name) is not None}
+        no_budget = replace(request, activation_budget_bytes=None, peak_budget_bytes=None)
+        free = plan_step(self.graph, no_budget)  # recomputes only what costs no time (views)
+        free_realized = self.realize(free)
+        if all(free_realized.value(n) <= t for n, t in targets.items()) or \
+                all(save_all.value(n) <= t for n, t in targets.items()):
+            # the budget holds without recomputing anything that costs time: the smaller of the
+            # zero-time plan and no tags at all
+            use_free = free_realized.saved_bytes <= save_all.saved_bytes and all(
+                free_realized.value(n) <= t for n, t in targets.items())
+            step = free if use_free else replace(free, plan=untagged(free.plan))
+            return self._finish(step, free_realized if use_free else save_all, save_all, (), request)
+        solver_save_all = fs.Realized(self.graph.saved_activation_bytes, free.plan.peak_bytes)
+        first_guess = {fs.ACTIVATION: lambda t: t * solver_save_all.saved_bytes // max(save_all.saved_bytes, 1),
+                       fs.PEAK: lambda t: t + solver_save_all.peak_bytes - save_all.peak_bytes}
+        result = fs.search_budgets(
+            targets,
+            plan_at=lambda budgets: plan_step(self.graph, replace(request, **budgets)),
+            realize=self.realize,
+            extra_time_s=lambda step: step.plan.extra_time_s,
+            solver_value=lambda step, name: step.plan.saved_bytes if name == fs.ACTIVATION else step.plan.peak_bytes,
+            first_guess={n: max(first_guess[n](t), 0) for n, t in targets.items()},
+            first_slope={fs.ACTIVATION: save_all.saved_bytes / max(solver_save_all.saved_bytes, 1)},
+            refine=self.refine,
+        )
+        return self._finish(result.plan, result.realized, save_all, result.rounds, request)
+
+    def refine(self, step: PlannedStep, overshoot: dict[str, int]) -> PlannedStep | None:
+        """`step` plus the units of what Thunder's pass still saves, enough to cover the overshoot."""
+        tagged = step.problem.effective_units(step.plan.recomputed_tag_targets)
+        realized = self.realized_graph(step.plan.recomputed_tag_targets)
+        # a unit tried before that left its tensor saved would be chosen again: skip it
+        more = fs.units_to_add(step.problem.units, {*tagged, *self._tried_units}, realized, max(overshoot.values()))
+        self._tried_units.update(more)
+        plan = step.problem.plan_for((*tagged, *more), solver=step.plan.solver.split("+")[0] + "+fusion",
+                                     status="heuristic", solve_time_s=step.plan.solve_time_s)
+        if set(plan.recomputed_tag_targets) == set(step.plan.recomputed_tag_targets):
+            return None
+        return replace(step, plan=plan)
+
+    def realize_tags(self, tag_targets) -> fs.Realized:
+        graph = self.realized_graph(tag_targets)
+        try:
+            peak_bytes = simulate_peak_bytes(graph)
+        except ValueError:  # a name the backward defines again (rematerialization moved an op): such a
+            peak_bytes = UNKNOWN_PEAK_BYTES  # plan is never chosen under a peak budget
+        return fs.Realized(graph.saved_activation_bytes, peak_bytes)
+
+    def _finish(self, step: PlannedStep, realized, save_all, rounds, request: PlanRequest) -> PlannedStep:
+        """The step to keep: the plan with Thunder's realized figures, the user's request (not the
+        budget the solver was given in the winning round), and what the search did."""
+        graph = self.realized_graph(step.plan.recomputed_tag_targets)
+        outcome = FusionOutcome(save_all=save_all, solver_saved_bytes=step.plan.saved_bytes,
+                                solver_peak_bytes=step.plan.peak_bytes, realized_graph=graph,
+                                rounds=tuple(r.describe() for r in rounds))
+        unknown_peak = realized.peak_bytes == UNKNOWN_PEAK_BYTES
+        peak_bytes = step.plan.peak_bytes if unknown_peak else realized.peak_bytes
+        plan = replace(step.plan, saved_bytes=realized.saved_bytes, peak_bytes=peak_bytes,
+                       saved_names=tuple(graph.saved_names), activation_budget_bytes=request.activation_budget_bytes,
+                       peak_budget_bytes=request.peak_budget_bytes)
+        remark = (f"planned through Thunder's fusion pass ({len(rounds) + 1} dry run(s) with tags): it saves "
+                  f"{realized.saved_bytes:,} B, step peak {realized.peak_bytes:,} B, as predicted here; the solver's "
+                  f"unfused model said {step.plan.saved_bytes:,} B and {step.plan.peak_bytes:,} B; Thunder alone with "
+                  f"these executors saves {save_all.saved_bytes:,} B (peak {save_all.peak_bytes:,} B)")
+        if unknown_peak:
+            remark += ("; the step peak shown is the solver's: Thunder's backward defines a saved tensor's name "
+                       "again (its rematerialization moved an op), which the peak simulation cannot follow")
+        return replace(step, plan=plan, request=request, fusion=outcome, remarks=(*step.remarks, remark))
+
+
+UNKNOWN_PEAK_BYTES = 2**62
+
+
+def peak_in_thunders_order(step: PlannedStep, computation_trace, executors_list, names,
+                            dry_run=isolated_dry_run) -> PlannedStep:
+    """A plan that re-gathers FSDP weights, with the step peak of the order Thunder runs it in.
+
+    With re-gather tags, Thunder's wait sorting also issues some gradients' reduce-scatters in the
+    middle of the backward (their buffers held to the waits at its end), which the graph traced
+    without tags does not show; a dry run with the plan's tags does (re-gathers placed as CostRemat
+    places them). Other plans are returned as they are.
+    """
+    if step.fusion is not None or not regather_units(step):
+        return step
+    graph = tagged_dry_run(computation_trace, executors_list, names, step.plan.recomputed_tag_targets, dry_run)
+    try:
+        peak_bytes = simulate_peak_bytes(graph)
+    except ValueError:  # a name the backward defines again: keep the solver's figure
+        return step
+    if peak_bytes == step.plan.peak_bytes:
+        return step
+    remark = (f"step peak {peak_bytes:,} B in the order Thunder runs this plan (a dry run with its tags: its wait "
+              f"sorting moves some reduce-scatters into the backward); the solver's graph said {step.plan.peak_bytes:,} B")
+    budget = step.request.peak_budget_bytes
+    if budget is not None and peak_bytes > budget:
+        remark += f"; that is above budget_gb={budget / 1e9:g}: lower the budget to make room"
+    return replace(step, plan=replace(step.plan, peak_bytes=peak_bytes), remarks=(*step.remarks, remark))
