@@ -146,7 +146,7 @@ def _run_case(strategy: str, bound_bytes: int | None, rank: int, eager: dict, ex
 
     from remat_opt.validation.measure import measure_saved_bytes, measure_step_peak_bytes
     from remat_opt.transform.cost_remat import CostRemat
-from remat_opt.transform.explain import last_planned_step
+    from remat_opt.transform.explain import last_planned_step
 
     model, inputs = _model(*model_spec)
     budget_gb = None if bound_bytes is None else bound_bytes / 1e9

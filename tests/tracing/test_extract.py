@@ -113,7 +113,7 @@ def _all_tags(trace):
 def test_no_origin_markers_leak_into_thunder_traces():
     capture, _, jitted, _ = compiled("Llama-2-7b-hf", "fused")
     traces = [*thunder.last_traces(jitted), *thunder.last_backward_traces(jitted), capture.computation_trace]
-    assert not [t for trace in traces for t in _all_tags(trace) if isinstance(t, _Origin)]
+    assert not [t for trace in traces for t in _all_tags(trace) if isinstance(t, Origin)]
 
 
 def test_gradients_unchanged_by_analysis():
