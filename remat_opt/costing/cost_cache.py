@@ -72,7 +72,7 @@ class AutoCosts:
                 f"now in {self.profiling_s:.1f} s, {self.untimed_ops} left to formulas{regions}")
 
 
-def cache_dir() -> Path:
+def cost_cache_dir() -> Path:
     """``REMAT_OPT_COST_CACHE``, else the user cache directory."""
     if os.environ.get(ENV_VAR, "").strip():
         return Path(os.environ[ENV_VAR]).expanduser()
@@ -89,7 +89,7 @@ def table_path(device: str) -> Path:
     slug = "".join(c if c.isalnum() or c in ".+" else "-" for c in name).strip("-").lower()
     while "--" in slug:
         slug = slug.replace("--", "-")
-    return cache_dir() / f"{slug[:150]}.json"
+    return cost_cache_dir() / f"{slug[:150]}.json"
 
 
 def _graph_device(graph: JointGraph) -> str:

@@ -21,6 +21,26 @@ def check_executor_choice(choice: object) -> str:
     return choice
 
 
+def resolve_executors(executors, device: str) -> tuple[object, list | None]:
+    """``(cache key, Thunder executor list)`` of what a user gave as executors: None (the default
+    choice for `device`), a name of `EXECUTOR_CHOICES`, or a list of Thunder executors, as
+    ``thunder.jit(executors=...)`` takes them.
+
+    Raises:
+        ValueError: anything else (an unknown name, a list holding something other than executors).
+    """
+    from remat_opt import _compat  # noqa: F401  (before thunder)
+    from thunder.extend import Executor
+
+    if executors is None or isinstance(executors, str):
+        choice = default_executors(device) if executors is None else check_executor_choice(executors)
+        return choice, executors_for(choice)
+    if isinstance(executors, (list, tuple)) and executors and all(isinstance(e, Executor) for e in executors):
+        return tuple(e.name for e in executors), list(executors)
+    raise ValueError(f"executors must be one of {', '.join(EXECUTOR_CHOICES)} or a list of Thunder executors, "
+                     f"got {executors!r:.80}")
+
+
 def executors_for(choice: str) -> list | None:
     """Thunder executor list for a `--executors` choice (None: Thunder's defaults).
 

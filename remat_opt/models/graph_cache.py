@@ -29,7 +29,7 @@ _SOURCES = ("_compat.py", "tracing/extract.py", "tracing/dry_run.py", "tracing/s
             "executors/sdpa_cpu.py", "executors/nvfuser_standin.py")  # fmt: skip
 
 
-def cache_dir() -> Path | None:
+def graph_cache_dir() -> Path | None:
     """The cache directory from ``REMAT_OPT_GRAPH_CACHE``, or None (no caching)."""
     value = os.environ.get(ENV_VAR, "").strip()
     return Path(value) if value else None
@@ -56,7 +56,7 @@ def cache_key(*parts: object) -> str:
 def load_graph(key: str) -> tuple[object, JointGraph] | None:
     """The cached ``(spec, graph)`` for `key`, or None (no cache, no entry, or an entry that does
     not load)."""
-    directory = cache_dir()
+    directory = graph_cache_dir()
     path = directory / f"{key}.pkl" if directory else None
     if path is None or not path.exists():
         return None
@@ -71,7 +71,7 @@ def load_graph(key: str) -> tuple[object, JointGraph] | None:
 
 def store_graph(key: str, spec: object, graph: JointGraph) -> None:
     """Writes ``(spec, graph)`` under `key` (atomically) when the cache is on."""
-    directory = cache_dir()
+    directory = graph_cache_dir()
     if directory is None:
         return
     directory.mkdir(parents=True, exist_ok=True)

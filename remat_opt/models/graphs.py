@@ -14,42 +14,42 @@ from remat_opt.models.graph_cache import cache_key, load_graph, store_graph
 DEFAULT_TRACED_LAYERS = 4
 
 
-def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors: str | None = None,
-                 parallel=None) -> JointGraph:
+def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors=None, parallel=None) -> JointGraph:
     """The joint graph of `spec` (a `remat_opt.models.by_name.ModelSpec` of a litgpt config) at full depth.
 
     Traces `min(depth, traced_layers)` layers and extends the graph to the spec's depth (its
     `n_layer`, else the config's); `traced_layers=0` traces every layer. With
     ``REMAT_OPT_GRAPH_CACHE`` set, the traced graph is kept there (`remat_opt.models.graph_cache`).
-    `executors` is a `--executors` choice; None: `remat_opt.executors.default_executors` for the
-    spec's device (the nvFuser stand-in on meta). With `parallel` (a
+    `executors` is a `--executors` choice or a list of Thunder executors (as ``thunder.jit`` and
+    `remat_opt.analyze` take them); None: `remat_opt.executors.default_executors` for the spec's
+    device (the nvFuser stand-in on meta). With `parallel` (a
     `remat_opt.distributed.data_parallel.DataParallel`), the graph is one rank's under Thunder's FSDP or DDP over
     that many ranks (traced with a fake process group); extending it copies a layer's collectives
     with the layer. Raises `DeepenError` (one line, naming what broke) when the graph cannot be extended.
     FSDP's ``collectives_in_flight`` is applied last, to the graph at full depth
     (`remat_opt.distributed.collective_order.reorder_graph`): it is traced and extended in Thunder's order.
     """
-    from remat_opt.executors import check_executor_choice, default_executors, executors_for
+    from remat_opt.executors import resolve_executors
     from remat_opt.models.by_name import build_model, check_spec, litgpt_config
 
     check_spec(spec)
     if isinstance(traced_layers, bool) or not isinstance(traced_layers, int) or traced_layers < 0 \
             or traced_layers in (1, 2):
         raise ValueError(f"traced_layers must be 0 (all) or at least 3, got {traced_layers!r}")
-    executors = default_executors(spec.device) if executors is None else check_executor_choice(executors)
+    executors_key, executor_list = resolve_executors(executors, spec.device)
     depth = litgpt_config(spec)[0].n_layer
     traced = depth if traced_layers == 0 else min(depth, traced_layers)
     start_s = time.perf_counter()
     in_flight = parallel.collectives_in_flight if parallel else None
     parallel = replace(parallel, collectives_in_flight=None) if parallel else None
     traced_spec = replace(spec, n_layer=traced)
-    key = cache_key(traced_spec, executors, *((parallel,) if parallel else ()))
+    key = cache_key(traced_spec, executors_key, *((parallel,) if parallel else ()))
     cached = load_graph(key)
     if cached is not None:
         graph = cached[1]
     else:
         model, inputs = build_model(traced_spec)
-        graph = _analyze(model, inputs, executors_for(executors), parallel, spec.device)
+        graph = _analyze(model, inputs, executor_list, parallel, spec.device)
         store_graph(key, traced_spec, graph)
     if traced == depth:
         return reorder_graph(graph, in_flight)
@@ -88,7 +88,7 @@ def analyze_model(
     dtype: str = "bfloat16",
     n_layer: int | None = None,
     traced_layers: int = DEFAULT_TRACED_LAYERS,
-    executors: str | None = None,
+    executors=None,
     tiny: bool = False,
 ) -> JointGraph:
     """The joint graph of a litgpt config at full depth, traced on meta with `traced_layers` layers.
@@ -100,8 +100,9 @@ def analyze_model(
         dtype: ``"bfloat16"``, ``"float32"`` or ``"float16"``.
         n_layer: depth to plan for (default: the config's).
         traced_layers: layers actually traced (0: all; shallower models are traced whole).
-        executors: a `remat_opt.executors.EXECUTOR_CHOICES` entry (see `remat-opt inspect`); default
-            ``"nvfuser-standin"``: nvFuser's fusion regions and Thunder's rematerialization, as a GPU runs it.
+        executors: a `remat_opt.executors.EXECUTOR_CHOICES` entry (see `remat-opt inspect`) or a list
+            of Thunder executors, as `remat_opt.analyze` takes them; default ``"nvfuser-standin"``:
+            nvFuser's fusion regions and Thunder's rematerialization, as a GPU runs it.
         tiny: shrink the config's width (tests).
     """
     from remat_opt.models.by_name import ModelSpec

@@ -10,7 +10,7 @@ import pytest
 
 import remat_opt
 from remat_opt.costing.graph_costs import CostModel
-from remat_opt.analysis import whatif
+from remat_opt.analysis import plots, thunder_1646, whatif
 from remat_opt.core.layers import forward_layer_labels
 from remat_opt.core.simulation import simulate_peak_bytes
 from remat_opt.solvers import InfeasibleBudgetError
@@ -108,35 +108,35 @@ def test_sweep_tables(sweep):
 def test_sdpa_units_are_the_attention_kernels(tiny, h100):
     sdpa_ops = whatif.sdpa_forward_ops(tiny)
     assert len(sdpa_ops) == N_LAYER and {op.symbol for op in sdpa_ops} <= whatif.SDPA_FORWARD_SYMBOLS
-    units = whatif.sdpa_units(h100.problem)
+    units = thunder_1646.sdpa_units(h100.problem)
     assert len(units) == N_LAYER
     symbols = {h100.problem.ops_by_name[op].symbol for u in units for op in h100.problem.units[u].ops}
     assert symbols <= whatif.SDPA_FORWARD_SYMBOLS
 
 
 def test_sdpa_case_against_save_all(tiny, h100):
-    problem, case = h100.problem, whatif.sdpa_case(h100)
+    problem, case = h100.problem, thunder_1646.sdpa_case(h100)
     assert case.n_sdpa_ops == N_LAYER
     assert case.saved_freed_bytes == problem.saved_bytes(()) - problem.saved_bytes(case.units) > 0
     assert case.extra_time_s == pytest.approx(sum(problem.op_time_s[op.name] for op in whatif.sdpa_forward_ops(tiny)))
     assert case.auxiliary_bytes == N_LAYER * N_HEAD * SEQ * 4  # one float32 logsumexp [1, H, T] per layer
     assert case.saved_freed_bytes > case.auxiliary_bytes
-    rows = whatif.sdpa_case_rows(case)
+    rows = thunder_1646.sdpa_case_rows(case)
     assert rows[0]["% of measured step"] == "2.45"  # (350.15 - 341.78) / 341.78, measured
     assert rows[2]["what"].startswith(f"tag the {N_LAYER} SDPA units")
 
 
 def test_sdpa_recomputed_counts_and_verdict(tiny, h100, sweep):
-    units = whatif.sdpa_units(h100.problem)
+    units = thunder_1646.sdpa_units(h100.problem)
     plan = h100.problem.plan_for(units, solver="t", status="t", solve_time_s=0.0)
     assert whatif.count_sdpa_recomputed(tiny, plan) == N_LAYER
     n_points = len(sweep.points)
     none = replace(sweep, sdpa_recomputed=(0,) * n_points)
     expected = f"The solver reruns no SDPA forward in any of the {n_points} plans of the sweeps."
-    assert whatif.sdpa_verdict([none]) == expected
+    assert thunder_1646.sdpa_verdict([none]) == expected
     picked = replace(sweep, sdpa_recomputed=(0,) * (n_points - 1) + (2,))
-    assert whatif.sdpa_verdict([picked]).startswith(f"The solver reruns SDPA in 1 of {n_points} plans: H100 at")
-    assert "(2 SDPA ops)" in whatif.sdpa_verdict([picked])
+    assert thunder_1646.sdpa_verdict([picked]).startswith(f"The solver reruns SDPA in 1 of {n_points} plans: H100 at")
+    assert "(2 SDPA ops)" in thunder_1646.sdpa_verdict([picked])
 
 
 def test_layers_of_a_stack(stack):
@@ -204,14 +204,14 @@ def test_markdown_table():
 
 
 def test_figures(sweep, stack):
-    fig = whatif.plot_sweeps([sweep, whatif.relabel(sweep, "again")], "title")
+    fig = plots.plot_sweeps([sweep, whatif.relabel(sweep, "again")], "title")
     assert [len(ax.lines) for ax in fig.axes] == [2, 2]
-    bars = whatif.plot_saved_bytes({"save-all": whatif.saved_bytes_by_kind(stack)}, horizontal=True)
+    bars = plots.plot_saved_bytes({"save-all": whatif.saved_bytes_by_kind(stack)}, horizontal=True)
     assert len(bars.axes[0].patches) == len(whatif.saved_bytes_by_kind(stack))
 
 
 def test_write_png(sweep, tmp_path):
-    path = whatif.write_llama2_7b_h100_png(tmp_path / "docs" / "pareto.png", sweep=sweep)
+    path = plots.write_llama2_7b_h100_png(tmp_path / "docs" / "pareto.png", sweep=sweep)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in path.parent.iterdir()] == ["pareto.png"]
 
@@ -236,7 +236,7 @@ def test_the_notebooks_analyses_run_on_standin_graphs(standin):
     half_bytes = standin.saved_activation_bytes // 2
     plan = remat_opt.plan_graph(standin, activation_budget_gb=half_bytes / 1e9, device_spec="H100")
     assert 0 < plan.saved_bytes <= half_bytes and plan.extra_time_s > 0
-    case = whatif.sdpa_case(h100)
+    case = thunder_1646.sdpa_case(h100)
     assert case.n_sdpa_ops == 4 and case.saved_freed_bytes > 0
     by_kind = whatif.saved_bytes_by_kind(standin)
     assert sum(by_kind.values()) == standin.saved_activation_bytes
@@ -249,12 +249,25 @@ def test_model_graph_uses_the_standin_unless_told(monkeypatch):
     calls = []
     monkeypatch.setattr("remat_opt.models.graphs.analyze_model", lambda name, **kw: calls.append(kw))
     whatif.model_graph("Llama-2-7b-hf", seq=SEQ)
-    monkeypatch.setenv(whatif.EXECUTORS_ENV, "fused-sdpa")
-    whatif.model_graph("Llama-2-7b-hf", seq=SEQ)
-    assert [c["executors"] for c in calls] == [None, "fused-sdpa"]  # None: the stand-in on meta
-    monkeypatch.setenv(whatif.EXECUTORS_ENV, "nvfuser")
-    with pytest.raises(ValueError, match="REMAT_OPT_WHATIF_EXECUTORS must be one of fused-sdpa, default"):
-        whatif.model_graph("Llama-2-7b-hf", seq=SEQ)
+    whatif.model_graph("Llama-2-7b-hf", seq=SEQ, executors="fused-sdpa", traced_layers=3)
+    assert [(c["executors"], c["traced_layers"]) for c in calls] == [(None, 4), ("fused-sdpa", 3)]  # None: the stand-in
+
+
+def test_the_notebooks_parameters_reach_the_solver(h100, monkeypatch):
+    from remat_opt import solvers
+
+    seen = []
+    solve = solvers.SOLVERS["ilp"]
+
+    def spy(*args, options, **kwargs):
+        seen.append(options.time_limit_s)
+        return solve(*args, options=options, **kwargs)
+
+    monkeypatch.setattr(whatif, "solve_ilp", spy)  # plan_at_peak_gb
+    monkeypatch.setitem(solvers.SOLVERS, "ilp", spy)  # the sweep, through the planner
+    whatif.plan_at_peak_gb(h100, 1.0, time_limit_s=0.5)
+    whatif.peak_sweep(h100, 2, time_limit_s=0.75)
+    assert seen[0] == 0.5 and set(seen[1:]) == {0.75} and len(seen) > 1
 
 
 def test_default_executors_are_the_standin_on_meta_only():
@@ -269,7 +282,7 @@ def test_training_step_adds_the_benchmarks_loss_optimizer_and_allocator(standin)
     from remat_opt.core.simulation import simulate_step
     from remat_opt.analysis.training_step import CUBLAS_WORKSPACE_BYTES, Parameters, _adamw_args, predict_training_step
 
-    parameters = whatif.benchmark_parameters("Llama-2-7b-hf", n_layer=4, seq=SEQ, tiny=True)
+    parameters = thunder_1646.benchmark_parameters("Llama-2-7b-hf", n_layer=4, seq=SEQ, tiny=True)
     assert parameters.dtype == "float32"
     assert len(parameters.numels) == 2 + 4 * 7 + 1  # wte, lm_head; 2 norms, qkv, proj, 3 MLP per layer; ln_f
     costs = CostModel(standin, "H100")
@@ -289,25 +302,25 @@ def test_training_step_adds_the_benchmarks_loss_optimizer_and_allocator(standin)
     assert adamw.bytes_read == 4 * parameters.bytes and adamw.bytes_written == 3 * parameters.bytes
     big = formula_cost(_adamw_args(Parameters((65_536 * 400,) * 100, "bfloat16"), "bfloat16"))
     assert big.kernels == 125  # 40,000 chunks of 65,536 elements, 320 per launch
-    recomputing = predict_training_step(standin, costs, parameters, whatif.sdpa_units(whatif.cost_graph(standin, "H100").problem))
+    recomputing = predict_training_step(standin, costs, parameters, thunder_1646.sdpa_units(whatif.cost_graph(standin, "H100").problem))
     assert recomputing.time_terms["recomputed in the backward"] > 0 == step.time_terms["recomputed in the backward"]
 
 
 def test_seed_rows_compare_with_1646s_measurements(standin):
-    seed = whatif.seed_prediction(whatif.cost_graph(standin, "H100"),
-                                  whatif.benchmark_parameters("Llama-2-7b-hf", n_layer=4, seq=SEQ, tiny=True))
-    rows = whatif.seed_rows(seed)
+    seed = thunder_1646.seed_prediction(whatif.cost_graph(standin, "H100"),
+                                  thunder_1646.benchmark_parameters("Llama-2-7b-hf", n_layer=4, seq=SEQ, tiny=True))
+    rows = thunder_1646.seed_rows(seed)
     assert [r["run"].split(" (")[0] for r in rows] == ["SDPA kept", "SDPA rerun for its logsumexp, output kept"]
     assert rows[0]["peak GB predicted / measured"].endswith("/ 64.18") and rows[1]["ms predicted / measured"].endswith("/ 350.15")
     assert seed.rerun_time_s > seed.kept.time_s and seed.rerun_peak_bytes <= seed.kept.peak_bytes
-    assert any(r["term"].startswith("time: optimizer step") for r in whatif.seed_breakdown_rows(seed))
+    assert any(r["term"].startswith("time: optimizer step") for r in thunder_1646.seed_breakdown_rows(seed))
 
 
 def test_one_ranks_optimizer_keeps_states_for_its_shard_under_fsdp_and_for_everything_under_ddp():
     from remat_opt.distributed.data_parallel import DataParallel
 
-    whole = whatif.benchmark_parameters("Llama-2-7b-hf", n_layer=1, tiny=True)
-    fsdp = whatif.benchmark_parameters("Llama-2-7b-hf", DataParallel("fsdp", 4), n_layer=1, tiny=True)
+    whole = thunder_1646.benchmark_parameters("Llama-2-7b-hf", n_layer=1, tiny=True)
+    fsdp = thunder_1646.benchmark_parameters("Llama-2-7b-hf", DataParallel("fsdp", 4), n_layer=1, tiny=True)
     assert fsdp.numels == tuple(n // 4 for n in whole.numels) and 4 * fsdp.bytes == whole.bytes
     assert whole.per_rank(DataParallel("ddp", 4)) == whole
     with pytest.raises(ValueError, match="FSDP over 3 ranks: a parameter of .* elements does not split evenly"):

@@ -26,11 +26,22 @@ def test_analyze_model_refuses_bad_sizes_in_one_line(kwargs, message):
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
-@pytest.mark.parametrize("executors", ["bogus", "nvfuser_standin", ["fused-sdpa"]])
+@pytest.mark.parametrize("executors", ["bogus", "nvfuser_standin", ["fused-sdpa"], []])
 def test_analyze_model_refuses_an_unknown_executor_choice(executors):
-    with pytest.raises(ValueError, match="unknown executors .*; use one of fused-sdpa, default, torch-compile, "
-                                         "nvfuser-standin"):
+    with pytest.raises(ValueError, match="executors .*(use )?one of fused-sdpa, default, torch-compile, nvfuser-standin"):
         remat_opt.analyze_model("Llama-2-7b-hf", seq=32, tiny=True, executors=executors)
+
+
+def test_analyze_model_takes_executors_by_name_or_as_thunder_executors():
+    # the same list `remat_opt.analyze` and `thunder.jit` take gives the graph of its name
+    import thunder
+
+    by_name = remat_opt.analyze_model("Llama-2-7b-hf", seq=32, n_layer=1, tiny=True, dtype="float32",
+                                      executors="fused-sdpa")
+    by_object = remat_opt.analyze_model("Llama-2-7b-hf", seq=32, n_layer=1, tiny=True, dtype="float32",
+                                        executors=[remat_opt.sdpa_cpu_ex, *thunder.get_default_executors()])
+    assert by_object.saved_activation_bytes == by_name.saved_activation_bytes > 0
+    assert [op.symbol for op in by_object.ops] == [op.symbol for op in by_name.ops]
 
 
 def test_a_model_spec_error_is_a_value_error():

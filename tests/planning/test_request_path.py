@@ -1,5 +1,6 @@
-"""Offline planning (`remat_opt.plan_graph`, `remat_opt.pareto_curve`) and the CLI's `plan` and
-`pareto`: every option reaches the planner. Each test fails if its option is dropped on the way."""
+"""One request path: `CostRemat`, offline planning (`remat_opt.plan_graph`, `remat_opt.pareto_curve`)
+and the CLI's `plan` and `pareto` build the same `PlanRequest`, and every option reaches the planner.
+Each test fails if its option is dropped on the way."""
 
 from __future__ import annotations
 
@@ -46,6 +47,20 @@ def test_the_solver_and_its_time_limit_reach_the_planner(graph, calls, entry):
     else:
         remat_opt.pareto_curve(graph, 2, solver="mincut", device_spec="cpu")
         remat_opt.pareto_curve(graph, 2, time_limit_s=0.75, device_spec="cpu")
+    assert "mincut" in {name for name, _ in calls}
+    assert {options.time_limit_s for name, options in calls if name == "ilp"} == {0.75}
+
+
+def test_cost_remat_passes_the_solver_and_its_time_limit(graph, calls):
+    import thunder
+
+    from remat_opt.models.examples import block
+
+    model, (x,) = block()
+    for options in ({"solver": "mincut"}, {"time_limit_s": 0.75}):
+        transform = remat_opt.CostRemat(activation_budget_gb=_half(graph), device_spec="cpu", **options)
+        jitted = thunder.jit(model, transforms=[transform], executors=[remat_opt.sdpa_cpu_ex])
+        jitted(x).sum().backward()
     assert "mincut" in {name for name, _ in calls}
     assert {options.time_limit_s for name, options in calls if name == "ilp"} == {0.75}
 
