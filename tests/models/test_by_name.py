@@ -32,6 +32,7 @@ def test_analyze_model_refuses_an_unknown_executor_choice(executors):
         remat_opt.analyze_model("Llama-2-7b-hf", seq=32, tiny=True, executors=executors)
 
 
+@pytest.mark.slow  # two traces
 def test_analyze_model_takes_executors_by_name_or_as_thunder_executors():
     # the same list `remat_opt.analyze` and `thunder.jit` take gives the graph of its name
     import thunder

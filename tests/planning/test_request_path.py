@@ -51,6 +51,7 @@ def test_the_solver_and_its_time_limit_reach_the_planner(graph, calls, entry):
     assert {options.time_limit_s for name, options in calls if name == "ilp"} == {0.75}
 
 
+@pytest.mark.slow  # two Thunder compilations
 def test_cost_remat_passes_the_solver_and_its_time_limit(graph, calls):
     import thunder
 
