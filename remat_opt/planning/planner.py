@@ -178,15 +178,15 @@ def _solver_options(request: PlanRequest):
     return ILPOptions(time_limit_s=request.time_limit_s)
 
 
-def _zero_time_plan(graph: JointGraph, costs: CostModel, request: PlanRequest) -> RematPlan:
-    """Least saved bytes among plans that recompute only free ops (views: no kernel launched)."""
-    times = forward_op_times_s(costs, graph)
+def _zero_time_plan(problem: RecomputeProblem, costs: CostModel, request: PlanRequest) -> RematPlan:
+    """Least saved bytes among plans of `problem` that recompute only free ops (views: no kernel
+    launched)."""
+    graph = problem.graph
     free = {op.name for op in graph.forward_ops if costs.op_cost(op).kernels == 0}
     # a target whose unit re-runs any paid op (a fusion region's unit too: its tag targets are its
     # members', not the region op's own `tag_units`) is pinned
-    units = RecomputeProblem.from_graph(graph, times).units
-    paid_targets = {name for name, unit in units.items() if any(op not in free for op in unit.ops)}
-    problem = RecomputeProblem.from_graph(graph, times, pinned=paid_targets)
+    paid_targets = {name for name, unit in problem.units.items() if any(op not in free for op in unit.ops)}
+    problem = RecomputeProblem.from_graph(graph, problem.op_time_s, pinned=paid_targets)
     options = ILPOptions(time_limit_s=request.time_limit_s)
     floor_bytes = minimum_saved_bytes(problem, options)
     return SOLVERS["ilp"](problem, activation_budget_bytes=floor_bytes, options=options)
@@ -202,7 +202,7 @@ def plan_step(graph: JointGraph, request: PlanRequest) -> PlannedStep:
     costs = CostModel(graph, device_spec=request.device_spec, table=request.table, region_graph=request.region_graph)
     problem = RecomputeProblem.from_graph(graph, forward_op_times_s(costs, graph))
     if request.peak_budget_bytes is None and request.activation_budget_bytes is None:
-        plan = _zero_time_plan(graph, costs, request)
+        plan = _zero_time_plan(problem, costs, request)
     else:  # `PlanRequest.create` has checked the solver's name
         solver = SOLVERS["ilp" if request.solver == "auto" else request.solver]
         try:
