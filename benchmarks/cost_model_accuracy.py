@@ -27,6 +27,9 @@ measure the step at once), takes every ratio within its round, and prints the me
 
 Use one thread on a shared machine: with two, a busy neighbour core stalls every parallel kernel
 at the OpenMP barrier (16 ms matmuls of 0.01 ms were seen) and the times measure the neighbour.
+
+Writes the medians to docs/results/cost_model.md (section ``accuracy``; ``--page PATH`` elsewhere,
+``--no-write`` to print only).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from remat_opt.validation.step_timing import OpClock, time_ops_in_step
 from remat_opt.costing.graph_costs import CostModel, op_args
 from costmodels.formulas import is_fusion_symbol
 from costmodels.table import load_table, op_key, save_table
+from results_page import RESULTS_DIR, add_page_arguments, finish_page, markdown_table
 
 
 @dataclass(frozen=True)
@@ -241,7 +245,48 @@ def _report(graph, table, rounds: list[RoundFigures], method: str, profile_s: fl
           f"{_spread([r.in_step_vs_traces for r in rounds])}")
 
 
-def run(seq: int, executors_name: str, args: argparse.Namespace, out_dir: Path) -> None:
+PAGE_HEADER = ["seq", "executors", "timing method", "rounds", "Spearman, roofline vs measured (forward)",
+               "table / traces (fwd, bwd)", "table / step", "roofline / traces",
+               "Spearman, table vs in-step (forward)", "roofline vs in-step", "in-step / traces",
+               "traces ms", "step ms"]
+
+
+@dataclass(frozen=True)
+class ConfigResult:
+    """One configuration's page rows (one per timing method) and what fell below ``--min-spearman``."""
+
+    rows: list[list[str]]
+    below: list[str]
+
+
+def _page_row(seq: int, executors_name: str, method: str, rounds: list[RoundFigures], traces_ms: list[float],
+              steps_ms: list[float]) -> list[str]:
+    """Medians (min-max) over the rounds, as `_report` prints them."""
+    def spread(attr: str) -> str:
+        return _spread([getattr(r, attr) for r in rounds])
+
+    return [str(seq), executors_name, method, str(len(rounds)), f"{spread('spearman')} ({spread('forward_spearman')})",
+            f"{spread('table_vs_traces')} ({spread('forward')}, {spread('backward')})", spread("table_vs_step"),
+            spread("roofline_vs_traces"), f"{spread('table_vs_in_step')} ({spread('forward_table_vs_in_step')})",
+            spread("roofline_vs_in_step"), spread("in_step_vs_traces"),
+            f"{statistics.median(traces_ms):.3f}", f"{statistics.median(steps_ms):.3f}"]
+
+
+def page_section(args: argparse.Namespace, results: list[ConfigResult]) -> str:
+    setting = (f"Tiny Llama-2 ({args.n_layer} layer, float32, CPU), {args.threads} thread(s); {args.rounds} rounds of "
+               f"(profile with {args.repeats} repeats, then {args.step_repeats} timed steps); median (min-max) over "
+               "the rounds. Ratios are summed times / measured times; traces ms and step ms are medians of the "
+               "forward+backward traces run directly and of the whole Thunder step.")
+    rows = [row for result in results for row in result.rows]
+    below = [line for result in results for line in result.below]
+    verdict = ([f"BELOW --min-spearman {args.min_spearman}: {line}." for line in below] if below else
+               [f"Every median Spearman (roofline vs measured) is at or above --min-spearman {args.min_spearman}."])
+    return "\n".join([setting, "", *markdown_table(PAGE_HEADER, rows), "", *verdict])
+
+
+def run(seq: int, executors_name: str, args: argparse.Namespace, out_dir: Path) -> ConfigResult:
+    """Profiles and measures one configuration, prints its report, and returns its page rows and what
+    fell below ``--min-spearman`` (empty: every median at or above it)."""
     spec = ModelSpec("Llama-2-7b-hf", n_layer=args.n_layer, seq=seq, device="cpu", tiny=True)
     model, inputs = build_model(spec)
     executors = executors_for(executors_name)
@@ -270,9 +315,16 @@ def run(seq: int, executors_name: str, args: argparse.Namespace, out_dir: Path) 
     for method in args.methods:
         table, profile_s, path, in_step = last_tables[method]
         _report(graph, table, figures[method], method, profile_s, path, args.per_op, in_step)
+    below = [f"seq {seq}, {executors_name}, {method}: median Spearman (roofline vs measured) {median:.3f}"
+             for method in args.methods
+             if (median := statistics.median(r.spearman for r in figures[method])) < args.min_spearman]
+    steps_ms = [1e3 * m.step_s for m in measured_steps]
+    rows = [_page_row(seq, executors_name, method, figures[method], traces_ms, steps_ms) for method in args.methods]
+    return ConfigResult(rows=rows, below=below)
 
 
-def main() -> None:
+def main() -> int:
+    start_s = time.perf_counter()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seq", type=int, nargs="+", default=[32, 512], help="sequence lengths to profile")
     parser.add_argument("--executors", nargs="+", default=["fused-sdpa"], choices=EXECUTOR_CHOICES,
@@ -287,13 +339,20 @@ def main() -> None:
                         help="rounds of (profile, then measure the step); ratios are taken within a round")
     parser.add_argument("--per-op", action="store_true", help="print one line per distinct op")
     parser.add_argument("--out", type=Path, default=None, help="folder for the tables (default: a temp folder)")
+    parser.add_argument("--min-spearman", type=float, default=0.5,
+                        help="exit 1 when a configuration's median Spearman of roofline vs measured falls below this "
+                             "(a roofline that has lost the ranking; 0.85-0.94 typical, a random ranking 0 +- 0.11)")
+    add_page_arguments(parser, RESULTS_DIR / "cost_model.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out_dir = args.out or Path(tempfile.mkdtemp(prefix="cost_tables_"))
-    for seq in args.seq:
-        for executors_name in args.executors:
-            run(seq, executors_name, args, out_dir)
+    results = [run(seq, executors_name, args, out_dir) for seq in args.seq for executors_name in args.executors]
+    finish_page(args, "accuracy", page_section(args, results), start_s)
+    below = [line for result in results for line in result.below]
+    for line in below:
+        print(f"BELOW --min-spearman {args.min_spearman}: {line}")
+    return 1 if below else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

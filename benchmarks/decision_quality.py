@@ -18,6 +18,10 @@ With a fusion executor (``--executors``) the budgets are fractions of that
 executor's own save-all and each plan is made through Thunder's fusion pass (a few dry runs per
 compilation); ``auto`` then times the fusion regions whole and prices each recomputed op by its
 share of its region (`remat_opt.costing.graph_costs`).
+
+Writes the table to docs/results/cost_model.md (section ``decision_quality``, or
+``decision_quality_<executors>`` for other executors; ``--page PATH`` elsewhere, ``--no-write`` to
+print only).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from remat_opt.executors import EXECUTOR_CHOICES, executors_for  # noqa: E402
 from remat_opt.validation.measure import measure_saved_bytes  # noqa: E402
 from remat_opt.transform.cost_remat import CostRemat
 from remat_opt.transform.explain import last_planned_step  # noqa: E402
+from results_page import RESULTS_DIR, add_page_arguments, finish_page, markdown_table  # noqa: E402
 
 FRACTIONS = (("save-all", 1.0), ("75%", 0.75), ("50%", 0.5), ("25%", 0.25), ("minimum", 0.0))
 
@@ -88,7 +93,20 @@ def _measure(systems: dict, inputs, rounds: int) -> dict:
     return times
 
 
+TABLE_HEADER = ["model", "costs", "budget", "saved B", "extra ms, predicted", "measured +- SE", "error ms",
+                "extra % of save-all step, predicted", "measured +- SE"]
+
+
+def section(args: argparse.Namespace, rows: list[list[str]], step_lines: list[str]) -> str:
+    """Markdown: the setting, one row per plan, then each model's save-all step, predicted and measured."""
+    setting = (f"n_layer {args.n_layer}, seq {args.seq}, width {args.width}, fp32, CPU, 1 thread, {args.rounds} "
+               f"rounds, executors {args.executors}. Extra ms: the plan's extra step time over the save-all plan's; "
+               "measured is the median per-round difference, +- the standard error of the mean difference.")
+    return "\n".join([setting, "", *markdown_table(TABLE_HEADER, rows), "", *step_lines])
+
+
 def main() -> None:
+    start_s = time.perf_counter()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="Llama-2-7b-hf,pythia-160m")
     parser.add_argument("--n-layer", type=int, default=2)
@@ -99,6 +117,7 @@ def main() -> None:
                         help="torch-compile or nvfuser-standin: plans through Thunder's fusion pass, and 'auto' "
                              "prices the recomputed ops by their share of the regions timed whole")
     parser.add_argument("--costs", default="formula,auto", help="cost sources to compare: formula, auto or both")
+    add_page_arguments(parser, RESULTS_DIR / "cost_model.md")
     args = parser.parse_args()
     executors = executors_for(args.executors)
     torch.set_num_threads(1)
@@ -107,6 +126,7 @@ def main() -> None:
           f"executors {args.executors}")
     print(f"{'model':<16}{'costs':<10}{'budget':<10}{'saved B':>11}{'predicted ms':>14}{'measured ms':>13}"
           f"{'+- SE':>8}{'error ms':>10}{'pred %':>8}{'meas %':>8}{'+- SE':>7}")
+    rows, step_lines = [], []
     for name in args.models.split(","):
         model, inputs = _model(name, args)
         baseline = thunder.jit(model, executors=executors)
@@ -127,8 +147,16 @@ def main() -> None:
                       f"{measured_ms:>13.2f}{se_ms:>8.2f}{predicted_ms - measured_ms:>10.2f}"
                       f"{predicted_ms / predicted_step_s / 10:>8.1f}{measured_ms / measured_step_s / 10:>8.1f}"
                       f"{se_ms / measured_step_s / 10:>7.1f}")
+                rows.append([name, costs, label, f"{plan.saved_bytes:,}", f"{predicted_ms:.2f}",
+                             f"{measured_ms:.2f} +- {se_ms:.2f}", f"{predicted_ms - measured_ms:.2f}",
+                             f"{predicted_ms / predicted_step_s / 10:.1f}",
+                             f"{measured_ms / measured_step_s / 10:.1f} +- {se_ms / measured_step_s / 10:.1f}"])
             print(f"{'':<36}save-all step: predicted {1e3 * predicted_step_s:.2f} ms (forward+backward of the "
                   f"graph), measured {1e3 * measured_step_s:.2f} ms (median)")
+            step_lines.append(f"- {name}, {costs}: save-all step predicted {1e3 * predicted_step_s:.2f} ms "
+                              f"(forward+backward of the graph), measured {1e3 * measured_step_s:.2f} ms (median).")
+    key = "decision_quality" if args.executors == "fused-sdpa" else f"decision_quality_{args.executors}"
+    finish_page(args, key, section(args, rows, step_lines), start_s)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,11 @@ backward's end), and at the least peak of the limited order.
 
     .venv/bin/python benchmarks/distributed_check.py [--models Llama-2-7b-hf pythia-14m] [--seq 256]
         [--cases fsdp-in_flight fsdp-in_flight_least]   (these and the save-all runs they need)
+
+Writes the tables to docs/results/distributed.md (section ``matrix_seqN``, or ``in_flight_seqN`` when
+only ``fsdp-in_flight*`` cases run; ``--page PATH`` elsewhere, ``--no-write`` to print only). The
+README's headline case (tiny Llama-2, seq 32, one collective in flight) is
+``--models Llama-2-7b-hf --seq 32 --cases fsdp-in_flight fsdp-in_flight_least``.
 """
 
 from __future__ import annotations
@@ -27,25 +32,76 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "distributed"))
 
+from results_page import RESULTS_DIR, add_page_arguments, finish_page, markdown_table  # noqa: E402
+
 from distributed_runs import spawn  # noqa: E402
 from test_distributed import FULL_CASES  # noqa: E402
 
 
-def _row(rank: int, label: str, c: dict) -> str:
+HEADER = ["rank", "case", "budget B", "saved predicted", "measured", "re-gathers", "peak predicted", "measured",
+          "budget held", "grad error (relative)"]
+
+
+def _cells(rank: int, label: str, c: dict) -> list[str]:
     kind = "peak" if c.get("peak_budget") else "activation"
     peak_error = c["measured_peak_bytes"] / c["predicted_peak_bytes"] - 1
     held = c["measured_peak_bytes" if kind == "peak" else "measured_saved_bytes"] <= c["bound_bytes"]
-    return (f"| {rank} | {label} | {kind} {c['bound_bytes']:,} | {c['predicted_saved_bytes']:,} | "
-            f"{c['measured_saved_bytes']:,} | {len(c['regathered'])} | {c['predicted_peak_bytes']:,} | "
-            f"{c['measured_peak_bytes']:,} ({peak_error:+.2%}) | {'yes' if held else 'NO'} | {c['grad_error']:.1e} ({c['grad_relative_error']:.1e}) |")
+    return [str(rank), label, f"{kind} {c['bound_bytes']:,}", f"{c['predicted_saved_bytes']:,}",
+            f"{c['measured_saved_bytes']:,}", str(len(c["regathered"])), f"{c['predicted_peak_bytes']:,}",
+            f"{c['measured_peak_bytes']:,} ({peak_error:+.2%})", "yes" if held else "NO",
+            f"{c['grad_error']:.1e} ({c['grad_relative_error']:.1e})"]
+
+
+def _row(rank: int, label: str, c: dict) -> str:
+    return "| " + " | ".join(_cells(rank, label, c)) + " |"
+
+
+def _other_threads(c: dict) -> str:
+    value = c.get("measured_other_threads_peak_bytes")
+    return "-" if value is None else f"{value:,}"
+
+
+def _floor_lines(ranks: list[dict], cases: list) -> list[str]:
+    """Per rank: the least FSDP step peak of Thunder's order of collectives (from the save-all run) and
+    how far each in-flight case's predicted and measured peak lies below it."""
+    labels = [label for label, strategy, budget in cases if strategy == "fsdp" and isinstance(budget, tuple)
+              and budget[0].startswith("in_flight")]
+    lines = []
+    for rank, result in enumerate(ranks):
+        floor_bytes = result.get("fsdp-save_all", {}).get("least_peak_bytes")
+        if "error" in result or floor_bytes is None:
+            continue
+        parts = [f"{label}: predicted {result[label]['predicted_peak_bytes']:,} B "
+                 f"({result[label]['predicted_peak_bytes'] / floor_bytes - 1:+.1%}), measured "
+                 f"{result[label]['measured_peak_bytes']:,} B ({result[label]['measured_peak_bytes'] / floor_bytes - 1:+.1%})"
+                 for label in labels]
+        lines.append(f"- rank {rank}: least step peak in Thunder's order of collectives (the floor) "
+                     f"{floor_bytes:,} B" + (f"; against it, {'; '.join(parts)}." if parts else "."))
+    return lines
+
+
+def model_section(model: str, seq: int, wall_time_s: float, ranks: list[dict], cases: list) -> list[str]:
+    """Markdown for one model: its setting, the per-rank table (and other threads' peak), the floor."""
+    lines = [f"**{model}** (tiny, 1 layer, seq {seq}, fp32, fused SDPA, 2 gloo ranks; {wall_time_s:.0f} s)", ""]
+    rows, failures = [], []
+    for rank, result in enumerate(ranks):
+        if "error" in result:
+            failures.append(f"- rank {rank} FAILED: {result['error'].strip().splitlines()[-1]}")
+            continue
+        rows += [[*_cells(rank, label, result[label]), _other_threads(result[label])] for label, _, _ in cases]
+    lines += markdown_table([*HEADER, "other threads' peak B"], rows)
+    extra = failures + _floor_lines(ranks, cases)
+    return lines + ([""] + extra if extra else []) + [""]
 
 
 def main() -> None:
+    start_s = time.perf_counter()
     os.environ["REMAT_OPT_MEASURE_FSDP_PEAK"] = "1"  # the spawned ranks measure FSDP's step peak too
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["Llama-2-7b-hf", "pythia-14m"])
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--cases", nargs="+", default=None, help="labels to run (default: all)")
+    add_page_arguments(parser, RESULTS_DIR / "distributed.md")
     args = parser.parse_args()
     cases = FULL_CASES
     if args.cases:
@@ -54,6 +110,7 @@ def main() -> None:
             parser.error(f"unknown case(s) {', '.join(sorted(unknown))}; use: {', '.join(c[0] for c in FULL_CASES)}")
         strategies = {s for label, s, _ in FULL_CASES if label in args.cases}
         cases = [c for c in FULL_CASES if c[0] in args.cases or (c[2] == "save_all" and c[1] in strategies)]
+    section = []
     for model in args.models:
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as out:
@@ -67,6 +124,10 @@ def main() -> None:
                 continue
             for label, _, _ in cases:
                 print(_row(rank, label, result[label]), flush=True)
+        section += model_section(model, args.seq, time.perf_counter() - start, ranks, cases)
+    only_in_flight = args.cases and all(label.startswith("fsdp-in_flight") for label in args.cases)
+    key = f"{'in_flight' if only_in_flight else 'matrix'}_seq{args.seq}"
+    finish_page(args, key, "\n".join(section), start_s)
 
 
 if __name__ == "__main__":

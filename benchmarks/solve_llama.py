@@ -9,6 +9,9 @@ roofline on the named GPU).
 
 Models deeper than ``--traced-layers`` (4) are traced with 4 layers and extended (a direct 32-layer
 trace takes ~5 minutes on 2 cores, ``--traced-layers 0``); ``--cache`` keeps the graphs.
+
+Writes the solve times to docs/results/solvers_and_scale.md (section ``solve_times``; ``--page PATH``
+elsewhere, ``--no-write`` to print only).
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from remat_opt.core.layers import find_repeated_blocks
 from remat_opt.solvers.blocks import choose_ties
 from remat_opt.solvers.ilp_bounds import minimum_saved_bytes, peak_model_minimum
 from remat_opt.solvers.ilp_model import ILPModel
+from results_page import RESULTS_DIR, add_page_arguments, finish_page, markdown_table
+
+SOLVE_HEADER = ["budget", "solver", "solve s", "check s", "checker", "saved GiB", "peak GiB", "extra ms", "status",
+                "gap", "tags"]
 
 GiB = 2**30
 
@@ -69,20 +76,22 @@ def budgets(problem: RecomputeProblem) -> dict[str, list[int]]:
     }
 
 
-def run(n_layer: int, seq: int, cache: Path | None, device: str, solvers: list[str], traced_layers: int) -> None:
+def run(n_layer: int, seq: int, cache: Path | None, device: str, solvers: list[str], traced_layers: int) -> list[str]:
+    """Prints one line per solve at this depth; returns the same as markdown (a summary and a table)."""
     graph, trace_s = load_graph(n_layer, seq, cache, traced_layers)
     times, source = op_times(graph, device)
     start = time.perf_counter()
     problem = RecomputeProblem.from_graph(graph, times)
     build_s = time.perf_counter() - start
     blocks = find_repeated_blocks(graph)
-    print(
-        f"\n== Llama-2-7b, {n_layer} layers, seq {seq}, bf16, meta: {len(graph.ops)} ops, {len(problem.units)} units "
-        f"({len(problem.allowed_units)} allowed); blocks {blocks}; trace {trace_s:.1f} s, "
-        f"problem {build_s:.2f} s; times: {source}"
-    )
+    summary = (f"Llama-2-7b, {n_layer} layers, seq {seq}, bf16, meta: {len(graph.ops)} ops, {len(problem.units)} units "
+               f"({len(problem.allowed_units)} allowed); blocks {blocks}; trace {trace_s:.1f} s, "
+               f"problem {build_s:.2f} s; times: {source}")
+    print(f"\n== {summary}")
     save_all = solve_save_all(problem)
-    print(f"   save-all: saved {save_all.saved_bytes / GiB:.2f} GiB, peak {save_all.peak_bytes / GiB:.2f} GiB")
+    save_all_text = f"save-all: saved {save_all.saved_bytes / GiB:.2f} GiB, peak {save_all.peak_bytes / GiB:.2f} GiB"
+    print(f"   {save_all_text}")
+    rows = []
     for kind, values in budgets(problem).items():
         for budget in values:
             for name in solvers:
@@ -91,6 +100,7 @@ def run(n_layer: int, seq: int, cache: Path | None, device: str, solvers: list[s
                     plan = SOLVERS[name](problem, **{kind: budget})
                 except ValueError as e:
                     print(f"   {kind}={budget / GiB:.2f} GiB {name:7s} {type(e).__name__}: {e}")
+                    rows.append([f"{kind}={budget / GiB:.2f} GiB", name, f"{type(e).__name__}: {e}", *[""] * 8])
                     continue
                 solve_s = time.perf_counter() - start
                 start = time.perf_counter()
@@ -104,9 +114,15 @@ def run(n_layer: int, seq: int, cache: Path | None, device: str, solvers: list[s
                     f"{plan.status} gap {gap}, "
                     f"{len(plan.recomputed_tag_targets)} tags"
                 )
+                rows.append([f"{kind}={budget / GiB:.2f} GiB", name, f"{solve_s:.2f}", f"{check_s:.2f}",
+                             "ok" if not errors else f"{len(errors)} errors", f"{plan.saved_bytes / GiB:.2f}",
+                             f"{plan.peak_bytes / GiB:.2f}", f"+{plan.extra_time_s * 1e3:.2f}", str(plan.status), gap,
+                             str(len(plan.recomputed_tag_targets))])
+    return [f"**{summary}**; {save_all_text}.", "", *markdown_table(SOLVE_HEADER, rows), ""]
 
 
 def main() -> None:
+    start_s = time.perf_counter()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 8, 32])
     parser.add_argument("--seq", type=int, default=4096)
@@ -114,9 +130,12 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=None, help="directory of pickled graphs")
     parser.add_argument("--solvers", nargs="+", default=["ilp", "mincut"], choices=sorted(SOLVERS))
     parser.add_argument("--traced-layers", type=int, default=4, help="trace this many layers and extend (0: all)")
+    add_page_arguments(parser, RESULTS_DIR / "solvers_and_scale.md")
     args = parser.parse_args()
+    section = []
     for n_layer in args.layers:
-        run(n_layer, args.seq, args.cache, args.device, args.solvers, args.traced_layers)
+        section += run(n_layer, args.seq, args.cache, args.device, args.solvers, args.traced_layers)
+    finish_page(args, "solve_times", "\n".join(section), start_s)
 
 
 if __name__ == "__main__":

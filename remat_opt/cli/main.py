@@ -115,7 +115,8 @@ def add_model_arguments(
     parser.add_argument("--n-layer", type=_positive_int, default=None, help="override the number of layers")
     parser.add_argument("--seq", type=_positive_int, default=None, help="sequence length (default 128; 32 with --tiny)")
     parser.add_argument("--batch", type=_positive_int, default=None, help="micro-batch size (default 1)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default float32")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                        help="default: bfloat16 on meta and cuda (what GPU training runs), float32 on cpu")
     parser.add_argument("--device", type=_device, default=None, help=device_help)
     parser.set_defaults(default_device=device_default)
     parser.add_argument("--tiny", action="store_true", help="shrink the config to a tiny model of its family")
@@ -165,7 +166,7 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
         n_layer=args.n_layer,
         seq=args.seq,
         batch=args.batch or 1,
-        dtype=args.dtype or "float32",
+        dtype=args.dtype,
         device=args.device or args.default_device,
         tiny=args.tiny,
     )
@@ -221,17 +222,11 @@ def analyze_from_args(args: argparse.Namespace):
 
 def _parallel(args: argparse.Namespace):
     """The `DataParallel` of ``--world-size``/``--strategy`` (None without them)."""
-    world_size, strategy = getattr(args, "world_size", None), getattr(args, "strategy", None)
-    in_flight = getattr(args, "collectives_in_flight", None)
-    if in_flight is not None and strategy != "fsdp":
-        raise ValueError("--collectives-in-flight goes with --strategy fsdp (it places FSDP's all-gathers and reduce-scatters)")
-    if world_size is None and strategy is None:
-        return None
-    if world_size is None or strategy is None:
-        raise ValueError("--world-size and --strategy go together: e.g. --world-size 8 --strategy fsdp")
-    from remat_opt.distributed.data_parallel import DataParallel
+    from remat_opt.distributed.data_parallel import data_parallel_of
 
-    return DataParallel(strategy, world_size, in_flight)
+    return data_parallel_of(getattr(args, "strategy", None), getattr(args, "world_size", None),
+                            getattr(args, "collectives_in_flight", None),
+                            spell=lambda name: "--" + name.replace("_", "-"))
 
 
 def _traced_layers(args: argparse.Namespace, spec: ModelSpec) -> int:

@@ -50,6 +50,27 @@ class DataParallel:
         return f"{self.strategy.upper()} over {self.world_size} ranks (per rank{in_flight})"
 
 
+def data_parallel_of(strategy: str | None, world_size: int | None, collectives_in_flight: int | None = None, *,
+                     spell=lambda name: name) -> DataParallel | None:
+    """The `DataParallel` the three options name, None with neither strategy nor world size: what
+    `remat_opt.analyze_model` and the CLI's ``--strategy/--world-size/--collectives-in-flight`` take.
+    `spell` writes an option's name as the caller's user types it (a keyword, a flag).
+
+    Raises:
+        ValueError: one of strategy and world size without the other, or collectives in flight
+            without FSDP (one line, with an example).
+    """
+    if collectives_in_flight is not None and strategy != "fsdp":
+        raise ValueError(f"{spell('collectives_in_flight')} goes with {spell('strategy')} fsdp (it places FSDP's "
+                         "all-gathers and reduce-scatters)")
+    if world_size is None and strategy is None:
+        return None
+    if world_size is None or strategy is None:
+        raise ValueError(f"{spell('world_size')} and {spell('strategy')} go together: e.g. {spell('world_size')} 8 "
+                         f"{spell('strategy')} fsdp")
+    return DataParallel(strategy, world_size, collectives_in_flight)
+
+
 def check_shardable(model: torch.nn.Module, world_size: int) -> None:
     """Raises `ValueError` (one line) unless `world_size` divides the first dimension of every
     parameter FSDP shards: Thunder would pad the shards, which the plan does not model."""

@@ -19,6 +19,13 @@ import torch
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def default_dtype(device: str) -> str:
+    """The dtype a model is built in when none is given, on every entry point (`analyze_model`, the
+    CLI, `ModelSpec`): ``"bfloat16"`` on meta and CUDA, what GPU training runs (the graphs planned on
+    meta are for GPUs), ``"float32"`` on the CPU, where eager comparisons and timings run in fp32."""
+    return "float32" if isinstance(device, str) and device.partition(":")[0] == "cpu" else "bfloat16"
+
+
 class ModelSpecError(ValueError):
     """The model named on the command line (or in a spec) cannot be built; the message says why."""
 
@@ -35,7 +42,7 @@ class ModelSpec:
         n_layer: override the number of layers (litgpt only).
         seq: sequence length of the example input (litgpt only; default: 128 capped by the config).
         batch: micro-batch size (litgpt only).
-        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``; None: `default_dtype` of the device.
         device: ``"meta"`` (no memory), ``"cpu"`` or ``"cuda"``.
         tiny: shrink a litgpt config to a few-thousand-parameter model of the same family (width
             64, 4 heads, vocab 256), keeping its norm, MLP, attention layout and GQA ratio.
@@ -45,9 +52,13 @@ class ModelSpec:
     n_layer: int | None = None
     seq: int | None = None
     batch: int = 1
-    dtype: str = "float32"
+    dtype: str | None = None
     device: str = "meta"
     tiny: bool = False
+
+    def __post_init__(self):
+        if self.dtype is None:
+            object.__setattr__(self, "dtype", default_dtype(self.device))
 
 
 def tiny_overrides(config) -> dict:

@@ -6,11 +6,14 @@ budgets or for other devices needs only the graph. With ``REMAT_OPT_GRAPH_CACHE=
 keyed by what determines it: the model spec (with its traced depth), the executors, the versions
 of torch, Thunder and litgpt, and a hash of remat-opt's own graph-building sources (so an edit to
 them never serves a stale graph). Entries are written
-atomically (several processes may share DIR); an unreadable entry is traced again.
+atomically (several processes may share DIR); an unreadable entry is traced again. Processes that
+want the same graph at once trace it once: `tracing_once` holds a lock per key while one traces,
+and the others then read its entry.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pickle
@@ -78,3 +81,25 @@ def store_graph(key: str, spec: object, graph: JointGraph) -> None:
     with tempfile.NamedTemporaryFile(dir=directory, suffix=".tmp", delete=False) as f:
         f.write(pickle.dumps((spec, graph)))
     os.replace(f.name, directory / f"{key}.pkl")
+
+
+@contextlib.contextmanager
+def tracing_once(key: str):
+    """Holds the cache's lock for `key` (an exclusive `fcntl.flock` on ``DIR/KEY.lock``) while the
+    caller looks the graph up and, on a miss, traces and stores it: a second process asking for
+    the same graph waits, then finds the entry. A no-op without the cache or without `fcntl`."""
+    directory = graph_cache_dir()
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: concurrent misses trace twice, as before
+        fcntl = None
+    if directory is None or fcntl is None:
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -9,7 +9,7 @@ from dataclasses import replace
 from remat_opt.distributed.collective_order import reorder_graph
 from remat_opt.core.deepen import DeepenError, extend_layers
 from remat_opt.core.graph import JointGraph
-from remat_opt.models.graph_cache import cache_key, load_graph, store_graph
+from remat_opt.models.graph_cache import cache_key, load_graph, store_graph, tracing_once
 
 DEFAULT_TRACED_LAYERS = 4
 
@@ -44,13 +44,14 @@ def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors=
     parallel = replace(parallel, collectives_in_flight=None) if parallel else None
     traced_spec = replace(spec, n_layer=traced)
     key = cache_key(traced_spec, executors_key, *((parallel,) if parallel else ()))
-    cached = load_graph(key)
-    if cached is not None:
-        graph = cached[1]
-    else:
-        model, inputs = build_model(traced_spec)
-        graph = _analyze(model, inputs, executor_list, parallel, spec.device)
-        store_graph(key, traced_spec, graph)
+    with tracing_once(key):
+        cached = load_graph(key)
+        if cached is not None:
+            graph = cached[1]
+        else:
+            model, inputs = build_model(traced_spec)
+            graph = _analyze(model, inputs, executor_list, parallel, spec.device)
+            store_graph(key, traced_spec, graph)
     if traced == depth:
         return reorder_graph(graph, in_flight)
     try:
@@ -85,10 +86,13 @@ def analyze_model(
     *,
     seq: int,
     batch: int = 1,
-    dtype: str = "bfloat16",
+    dtype: str | None = None,
     n_layer: int | None = None,
     traced_layers: int = DEFAULT_TRACED_LAYERS,
     executors=None,
+    strategy: str | None = None,
+    world_size: int | None = None,
+    collectives_in_flight: int | None = None,
     tiny: bool = False,
 ) -> JointGraph:
     """The joint graph of a litgpt config at full depth, traced on meta with `traced_layers` layers.
@@ -97,15 +101,23 @@ def analyze_model(
         name: litgpt config name, e.g. ``"Llama-2-7b-hf"``.
         seq: sequence length.
         batch: micro-batch size.
-        dtype: ``"bfloat16"``, ``"float32"`` or ``"float16"``.
+        dtype: ``"bfloat16"`` (default: what GPU training runs), ``"float32"`` or ``"float16"``.
         n_layer: depth to plan for (default: the config's).
         traced_layers: layers actually traced (0: all; shallower models are traced whole).
         executors: a `remat_opt.executors.EXECUTOR_CHOICES` entry (see `remat-opt inspect`) or a list
             of Thunder executors, as `remat_opt.analyze` takes them; default ``"nvfuser-standin"``:
             nvFuser's fusion regions and Thunder's rematerialization, as a GPU runs it.
+        strategy: ``"fsdp"`` (Thunder's ZeRO-3) or ``"ddp"``: the graph is one rank's of
+            `world_size` ranks, as ``remat-opt plan --strategy --world-size`` traces it.
+        world_size: ranks, with `strategy`.
+        collectives_in_flight: with FSDP, at most this many all-gathers and reduce-scatters in
+            flight beside the one in use, as ``CostRemat(collectives_in_flight=...)`` runs them
+            (None: Thunder's order, every forward all-gather issued at the start).
         tiny: shrink the config's width (tests).
     """
+    from remat_opt.distributed.data_parallel import data_parallel_of
     from remat_opt.models.by_name import ModelSpec
 
     spec = ModelSpec(name=name, n_layer=n_layer, seq=seq, batch=batch, dtype=dtype, device="meta", tiny=tiny)
-    return analyze_spec(spec, traced_layers=traced_layers, executors=executors)
+    parallel = data_parallel_of(strategy, world_size, collectives_in_flight)
+    return analyze_spec(spec, traced_layers=traced_layers, executors=executors, parallel=parallel)

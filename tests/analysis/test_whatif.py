@@ -26,7 +26,7 @@ def tiny():
     from remat_opt.models.graphs import analyze_spec
     from remat_opt.models.by_name import ModelSpec
 
-    spec = ModelSpec("Llama-2-7b-hf", n_layer=N_LAYER, seq=SEQ, tiny=True, device="meta")
+    spec = ModelSpec("Llama-2-7b-hf", n_layer=N_LAYER, seq=SEQ, dtype="float32", tiny=True, device="meta")
     return analyze_spec(spec, traced_layers=0, executors="fused-sdpa")
 
 
@@ -223,7 +223,7 @@ def standin():
     from remat_opt.models.graphs import analyze_spec
     from remat_opt.models.by_name import ModelSpec
 
-    spec = ModelSpec("Llama-2-7b-hf", n_layer=4, seq=SEQ, tiny=True, device="meta")
+    spec = ModelSpec("Llama-2-7b-hf", n_layer=4, seq=SEQ, dtype="float32", tiny=True, device="meta")
     return analyze_spec(spec, traced_layers=0, executors="nvfuser-standin")
 
 
@@ -282,7 +282,7 @@ def test_training_step_adds_the_benchmarks_loss_optimizer_and_allocator(standin)
     from remat_opt.core.simulation import simulate_step
     from remat_opt.analysis.training_step import CUBLAS_WORKSPACE_BYTES, Parameters, _adamw_args, predict_training_step
 
-    parameters = thunder_1646.benchmark_parameters("Llama-2-7b-hf", n_layer=4, seq=SEQ, tiny=True)
+    parameters = thunder_1646.benchmark_parameters("Llama-2-7b-hf", n_layer=4, seq=SEQ, dtype="float32", tiny=True)
     assert parameters.dtype == "float32"
     assert len(parameters.numels) == 2 + 4 * 7 + 1  # wte, lm_head; 2 norms, qkv, proj, 3 MLP per layer; ln_f
     costs = CostModel(standin, "H100")
@@ -308,7 +308,7 @@ def test_training_step_adds_the_benchmarks_loss_optimizer_and_allocator(standin)
 
 def test_seed_rows_compare_with_1646s_measurements(standin):
     seed = thunder_1646.seed_prediction(whatif.cost_graph(standin, "H100"),
-                                  thunder_1646.benchmark_parameters("Llama-2-7b-hf", n_layer=4, seq=SEQ, tiny=True))
+                                  thunder_1646.benchmark_parameters("Llama-2-7b-hf", n_layer=4, seq=SEQ, dtype="float32", tiny=True))
     rows = thunder_1646.seed_rows(seed)
     assert [r["run"].split(" (")[0] for r in rows] == ["SDPA kept", "SDPA rerun for its logsumexp, output kept"]
     assert rows[0]["peak GB predicted / measured"].endswith("/ 64.18") and rows[1]["ms predicted / measured"].endswith("/ 350.15")

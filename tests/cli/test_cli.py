@@ -45,8 +45,8 @@ def test_inspect_text_output(capsys):
         (["pareto", *TINY, "--device-spec", "h100", "--world-size", "2"], "--world-size and --strategy go together"),
         (["plan", *TINY, "--device-spec", "h100", "--world-size", "2", "--strategy", "ddp", "--collectives-in-flight",
           "1"], "--collectives-in-flight goes with --strategy fsdp"),
-        (["plan", "Llama-2-7b-hf", "--tiny", "--n-layer", "5", "--device-spec", "h100", "--world-size", "2",
-          "--strategy", "ddp"],  # the nvFuser stand-in fuses DDP's forward copies of every weight into one region
+        (["plan", "Llama-2-7b-hf", "--tiny", "--n-layer", "5", "--dtype", "float32", "--device-spec", "h100",
+          "--world-size", "2", "--strategy", "ddp"],  # the nvFuser stand-in fuses DDP's forward copies of every weight into one region
          "the DDP graph of Llama-2-7b-hf cannot be extended from 4 traced layers to 5: fwd0 (nvFusion0) writes"),
         # the model is the first thing checked: a wrong name before a missing --device-spec
         (["plan", "NoSuchModel-7b", "--tiny"], "unknown litgpt config name 'NoSuchModel-7b'"),
@@ -97,7 +97,7 @@ def test_every_option_has_help_and_shows_its_default(command, capsys):
 def test_deep_configs_on_meta_are_traced_shallow_and_extended(capsys):
     # the config of test_deepen's Llama-2 case (the nvFuser stand-in, the default on meta, from 4 traced
     # layers): within one run, its traced graphs are cached and shared
-    argv = ["inspect", "Llama-2-7b-hf", "--tiny", "--n-layer", "5", "--json"]
+    argv = ["inspect", "Llama-2-7b-hf", "--tiny", "--n-layer", "5", "--dtype", "float32", "--json"]
     assert main([*argv, "--traced-layers", "4"]) == 0
     extended = json.loads(capsys.readouterr().out)
     assert "Llama-2-7b-hf: traced 4 of 5 layers" in " ".join(extended["notes"])

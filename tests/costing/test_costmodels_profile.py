@@ -1,8 +1,9 @@
 """Profiling on the CPU: a tiny Llama's ops timed, written, read back and compared with the roofline.
 
-One assertion is about measured times: the roofline must rank the tiny Llama's ops roughly as the
-profile does (`SPEARMAN_FLOOR`); the full figures are printed by ``benchmarks/cost_model_accuracy.py``.
-The other tests check what the profile contains and how it is used.
+The tests check what the profile contains and how it is used, never how fast anything ran: how
+well the roofline ranks ops as measured (Spearman 0.85-0.94 on this machine) is measured by
+``benchmarks/cost_model_accuracy.py``, which exits 1 below ``--min-spearman`` (0.5), since timings
+on a shared 2-core machine are noise a test must not depend on.
 """
 
 from __future__ import annotations
@@ -35,14 +36,6 @@ pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast 
 
 QUICK = ProfileOptions(warmup=1, repeats=2, min_time_s=0.0)
 
-# Rank correlation of roofline and measured time over the 83 distinct ops of the tiny one-layer
-# Llama-2 (seq 32) profiled with QUICK on one thread. Measured on a shared 2-core machine under a
-# load average of 1-5: 0.678-0.880, median 0.84, over 76 profiles (two threads: down to 0.60).
-# benchmarks/cost_model_accuracy.py documents 0.85-0.87 at seq 32 (0.915-0.94 at seq 512). A
-# roofline ranking ops at random gives 0 +- 0.11 (-0.14 seen); one ranking them backwards, -0.87.
-# The floor leaves room for a loaded machine's outliers: it catches a roofline that has lost the
-# ranking, not one that is a few percent worse (at seq 32 most ops cost about one kernel launch).
-SPEARMAN_FLOOR = 0.5
 
 
 def _fused():
@@ -126,10 +119,9 @@ def test_cost_model_reads_every_op_from_the_table(llama_cpu, llama_table):
     assert cost.source == "measured" and cost.formula == "sdpa" and cost.flops > 0
 
 
-def test_roofline_ranks_ops_as_measured(llama_cpu, llama_table):
+def test_every_op_is_compared_with_its_roofline(llama_cpu, llama_table):
     comparison = compare(llama_cpu, llama_table)
     assert len(comparison.rows) == len(llama_table.entries) > 50
-    assert comparison.spearman >= SPEARMAN_FLOOR, format_comparison(comparison)
     assert comparison.measured_ops == comparison.ops == len(llama_cpu.ops)
     assert comparison.predicted_total_s > 0 and comparison.measured_total_s > 0
     text = format_comparison(comparison)

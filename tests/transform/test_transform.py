@@ -72,6 +72,17 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("point", metafunc.cls.points)
 
 
+@functools.cache
+def budget_run(name: str, point: str):
+    """CostRemat on `name` at the activation budget `point`, compiled once per worker: ``(jitted,
+    measured saved bytes, gradients of the first step, budget bytes)``. Tests of one class share it
+    (pytest-xdist's ``--dist loadscope`` keeps a class on one worker)."""
+    budget = activation_budget_bytes(name)[point]
+    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
+    jitted, measured, grads = _run(name, transform)
+    return jitted, measured, {n: g.clone() for n, g in grads.items()}, budget
+
+
 class _BudgetRuns:
     """CostRemat on one model family at activation budgets of `points` (one class per family, so
     that pytest-xdist's ``--dist loadscope`` spreads the families over workers). Tiny Llama-2 runs
@@ -86,9 +97,7 @@ class _BudgetRuns:
 
     def test_gradients_and_saved_bytes_at_budget(self, point):
         name = self.name
-        budget = activation_budget_bytes(name)[point]
-        transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
-        jitted, measured, grads = _run(name, transform)
+        jitted, measured, grads, budget = budget_run(name, point)
         plan = last_planned_step(jitted).plan
         assert measured.activation_bytes <= budget
         assert measured.activation_bytes == plan.saved_bytes
@@ -101,18 +110,103 @@ class _BudgetRuns:
 
 
 class TestBlock(_BudgetRuns):
+    """With the block's other CostRemat tests: they share its traced budgets on one worker."""
+
     points = ('75%', 'minimum')
     name = "block"
+
+    def test_auto_recompute_intermediates_yields_to_the_plan(self):
+        budget = activation_budget_bytes("block")["save_all"]
+        model, inputs = _model("block")
+        transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
+        jitted = thunder.jit(model, transforms=[transform], executors=executor_list("fused"), auto_recompute_intermediates=True)
+        with pytest.warns(UserWarning, match="the plan decides"):
+            measured = measure_saved_bytes(jitted, *inputs)
+        assert measured.activation_bytes == last_planned_step(jitted).plan.saved_bytes == budget
+
+    def test_explain_shows_the_plan_of_the_compilation_that_ran(self):
+        """One CostRemat in two jitted functions, and a cache hit after a shape change: each explain
+        shows the plan of the function's own last compilation (its predicted saved bytes are measured);
+        the same trace under the same transform reuses its plan."""
+        transform = CostRemat(activation_budget_gb=activation_budget_bytes("block")["50%"] / 1e9, device_spec="cpu")
+        model, (x,) = _model("block")
+        wide = thunder.jit(model, transforms=[transform], executors=executor_list("fused"))
+        other = thunder.jit(_model("block")[0], transforms=[transform], executors=executor_list("fused"))
+        x_small = x[:1].clone()
+        saved = {}
+        for name, fn, inp in [("wide", wide, x), ("other", other, x), ("small", wide, x_small), ("again", wide, x)]:
+            measured = measure_saved_bytes(fn, inp)
+            saved[name] = (measured.activation_bytes, explain(fn).to_dict()["saved_bytes"])
+        assert thunder.cache_hits(wide) == 1  # "again" reused the first compilation
+        assert not last_planned_step(wide).cached and last_planned_step(other).cached  # same trace: plan reused
+        assert explain(other).cached
+        assert saved["wide"][0] != saved["small"][0]  # the two shapes save different amounts
+        for name, (measured_bytes, explained_bytes) in saved.items():
+            assert explained_bytes == measured_bytes, name
+
+
+def _backward_symbols(jitted) -> list[str]:
+    return [b.sym.name for b in thunder.last_backward_traces(jitted)[-1].bound_symbols]
 
 
 class TestLlama2(_BudgetRuns):
     points = ('save_all', '50%', 'minimum')
     name = "Llama-2-7b-hf"
 
+    def test_sdpa_and_matmuls_are_not_recomputed_when_memory_allows(self):
+        """Thunder #1646: with a budget at or above save-all nothing expensive is recomputed."""
+        jitted, *_ = budget_run(self.name, "save_all")
+        model, inputs = _model(self.name)
+        plain = thunder.jit(model, executors=executor_list("fused"))
+        plain(*inputs)
+        symbols = _backward_symbols(jitted)
+        assert "remat_sdpa_cpu_fwd" not in symbols
+        # no forward linear/matmul is cloned into the backward: it runs as many as Thunder's own backward
+        expensive = ("linear", "matmul", "remat_sdpa_cpu_bwd")
+        plain_counts = Counter(_backward_symbols(plain))
+        assert {s: Counter(symbols)[s] for s in expensive} == {s: plain_counts[s] for s in expensive}
+        assert last_planned_step(jitted).plan.extra_time_s == 0  # at most free views are re-derived
+
+    def test_thunderfx_trains_with_cost_remat(self):
+        """`dynamo_thunder` mode: every Thunder subgraph Dynamo produces is planned by the transform
+        (on torch 2.13 this needs `_compat`'s ThunderFX step)."""
+        from thunder.dynamo import ThunderCompiler
+
+        budget = activation_budget_bytes("Llama-2-7b-hf")["50%"]
+        transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
+        model, inputs = _model("Llama-2-7b-hf")
+        backend = ThunderCompiler(transforms=[transform], executors=executor_list("fused"))
+        try:
+            measured = measure_saved_bytes(torch.compile(model, backend=backend), *inputs)
+            measured.output.float().sum().backward()
+        finally:
+            torch._dynamo.reset()
+        steps = list(transform._cache.values())  # one plan per Thunder subgraph Dynamo produced
+        assert steps and sum(step.plan.saved_bytes for step in steps) <= budget
+        assert any(step.plan.recompute_ops for step in steps), "50% of save-all must force recomputation"
+        assert measured.activation_bytes <= budget
+        for (name, p), (_, expected) in zip(model.named_parameters(), _eager_grads("Llama-2-7b-hf").items()):
+            torch.testing.assert_close(p.grad, expected, msg=name)
+
 
 class TestLlama3(_BudgetRuns):
-    points = ('25%',)
+    points = ('50%',)
     name = "Llama-3-8B"
+
+    def test_explain_matches_what_thunder_saves(self):
+        jitted, measured, *_ = budget_run(self.name, "50%")
+        explanation = explain(jitted)
+        data = explanation.to_dict()
+        saved = [r for r in data["rows"] if r["action"] == "save"]
+        assert sum({r["tensor"]: r["storage_bytes"] for r in saved}.values()) >= measured.activation_bytes
+        assert data["saved_bytes"] == measured.activation_bytes
+        real_saved = thunder.last_traces(jitted)[-1].bound_symbols[-1].args[1][0]
+        real_shapes = sorted(tuple(p.shape) for p in real_saved if p.name not in {a.name for a in thunder.last_traces(jitted)[-1].args})
+        step = last_planned_step(jitted)
+        planned_shapes = sorted(step.graph.tensors[n].shape for n in step.plan.saved_names)
+        assert planned_shapes == real_shapes
+        text = str(explanation)
+        assert "recompute" in text and "predicted step peak" in text
 
 
 class TestMistral(_BudgetRuns):
@@ -173,27 +267,6 @@ def test_torch_compile_executor_family(order, name, fraction):
     # that the graph does not see (the block: 8-15% above the prediction; tiny Llama-2: within 5%)
 
 
-def _backward_symbols(jitted) -> list[str]:
-    return [b.sym.name for b in thunder.last_backward_traces(jitted)[-1].bound_symbols]
-
-
-def test_sdpa_and_matmuls_are_not_recomputed_when_memory_allows():
-    """Thunder #1646: with a budget at or above save-all nothing expensive is recomputed."""
-    budget = activation_budget_bytes("Llama-2-7b-hf")["save_all"]
-    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
-    jitted, measured, _ = _run("Llama-2-7b-hf", transform)
-    model, inputs = _model("Llama-2-7b-hf")
-    plain = thunder.jit(model, executors=executor_list("fused"))
-    plain(*inputs)
-    symbols = _backward_symbols(jitted)
-    assert "remat_sdpa_cpu_fwd" not in symbols
-    # no forward linear/matmul is cloned into the backward: it runs as many as Thunder's own backward
-    expensive = ("linear", "matmul", "remat_sdpa_cpu_bwd")
-    plain_counts = Counter(_backward_symbols(plain))
-    assert {s: Counter(symbols)[s] for s in expensive} == {s: plain_counts[s] for s in expensive}
-    assert last_planned_step(jitted).plan.extra_time_s == 0  # at most free views are re-derived
-
-
 def test_peak_budget_below_minimum_names_the_minimum():
     model, inputs = _model("Llama-2-7b-hf")
     transform = CostRemat(budget_gb=1e-6, device_spec="cpu")  # 1 kB: below any step's peak
@@ -239,55 +312,6 @@ def test_dropout_gradients_identical_under_tight_budget():
         assert torch.equal(with_plan[name], grad), name
 
 
-def test_auto_recompute_intermediates_yields_to_the_plan():
-    budget = activation_budget_bytes("block")["save_all"]
-    model, inputs = _model("block")
-    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
-    jitted = thunder.jit(model, transforms=[transform], executors=executor_list("fused"), auto_recompute_intermediates=True)
-    with pytest.warns(UserWarning, match="the plan decides"):
-        measured = measure_saved_bytes(jitted, *inputs)
-    assert measured.activation_bytes == last_planned_step(jitted).plan.saved_bytes == budget
-
-
-def test_explain_matches_what_thunder_saves():
-    budget = activation_budget_bytes("Llama-3-8B")["50%"]
-    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
-    jitted, measured, _ = _run("Llama-3-8B", transform)
-    explanation = explain(jitted)
-    data = explanation.to_dict()
-    saved = [r for r in data["rows"] if r["action"] == "save"]
-    assert sum({r["tensor"]: r["storage_bytes"] for r in saved}.values()) >= measured.activation_bytes
-    assert data["saved_bytes"] == measured.activation_bytes
-    real_saved = thunder.last_traces(jitted)[-1].bound_symbols[-1].args[1][0]
-    real_shapes = sorted(tuple(p.shape) for p in real_saved if p.name not in {a.name for a in thunder.last_traces(jitted)[-1].args})
-    step = last_planned_step(jitted)
-    planned_shapes = sorted(step.graph.tensors[n].shape for n in step.plan.saved_names)
-    assert planned_shapes == real_shapes
-    text = str(explanation)
-    assert "recompute" in text and "predicted step peak" in text
-
-
-def test_explain_shows_the_plan_of_the_compilation_that_ran():
-    """One CostRemat in two jitted functions, and a cache hit after a shape change: each explain
-    shows the plan of the function's own last compilation (its predicted saved bytes are measured);
-    the same trace under the same transform reuses its plan."""
-    transform = CostRemat(activation_budget_gb=activation_budget_bytes("block")["50%"] / 1e9, device_spec="cpu")
-    model, (x,) = _model("block")
-    wide = thunder.jit(model, transforms=[transform], executors=executor_list("fused"))
-    other = thunder.jit(_model("block")[0], transforms=[transform], executors=executor_list("fused"))
-    x_small = x[:1].clone()
-    saved = {}
-    for name, fn, inp in [("wide", wide, x), ("other", other, x), ("small", wide, x_small), ("again", wide, x)]:
-        measured = measure_saved_bytes(fn, inp)
-        saved[name] = (measured.activation_bytes, explain(fn).to_dict()["saved_bytes"])
-    assert thunder.cache_hits(wide) == 1  # "again" reused the first compilation
-    assert not last_planned_step(wide).cached and last_planned_step(other).cached  # same trace: plan reused
-    assert explain(other).cached
-    assert saved["wide"][0] != saved["small"][0]  # the two shapes save different amounts
-    for name, (measured_bytes, explained_bytes) in saved.items():
-        assert explained_bytes == measured_bytes, name
-
-
 def test_two_cost_remat_transforms_are_refused():
     model, inputs = _model("block")
     jitted = thunder.jit(model, transforms=[CostRemat(device_spec="cpu"), CostRemat(device_spec="cpu")])
@@ -330,28 +354,6 @@ def test_explain_refuses_what_it_cannot_explain():
     not_called = thunder.jit(torch.nn.Linear(4, 4), transforms=[CostRemat(device_spec="cpu")])
     with pytest.raises(ValueError, match="nothing compiled yet"):
         explain(not_called)
-
-
-def test_thunderfx_trains_with_cost_remat():
-    """`dynamo_thunder` mode: every Thunder subgraph Dynamo produces is planned by the transform
-    (on torch 2.13 this needs `_compat`'s ThunderFX step)."""
-    from thunder.dynamo import ThunderCompiler
-
-    budget = activation_budget_bytes("Llama-2-7b-hf")["50%"]
-    transform = CostRemat(activation_budget_gb=budget / 1e9, device_spec="cpu")
-    model, inputs = _model("Llama-2-7b-hf")
-    backend = ThunderCompiler(transforms=[transform], executors=executor_list("fused"))
-    try:
-        measured = measure_saved_bytes(torch.compile(model, backend=backend), *inputs)
-        measured.output.float().sum().backward()
-    finally:
-        torch._dynamo.reset()
-    steps = list(transform._cache.values())  # one plan per Thunder subgraph Dynamo produced
-    assert steps and sum(step.plan.saved_bytes for step in steps) <= budget
-    assert any(step.plan.recompute_ops for step in steps), "50% of save-all must force recomputation"
-    assert measured.activation_bytes <= budget
-    for (name, p), (_, expected) in zip(model.named_parameters(), _eager_grads("Llama-2-7b-hf").items()):
-        torch.testing.assert_close(p.grad, expected, msg=name)
 
 
 class _TwoDynamoGraphs(torch.nn.Module):
