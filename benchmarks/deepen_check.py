@@ -9,6 +9,8 @@ peak, and the time each way. Executors: the default on meta (the nvFuser stand-i
     .venv/bin/python benchmarks/deepen_check.py --layers 8 --executors fused-sdpa
     .venv/bin/python benchmarks/deepen_check.py --model Llama-2-7b-hf --tiny --seq 32 --traced-layers 3 --layers 5 \
         --executors fused-sdpa --strategy fsdp
+    .venv/bin/python benchmarks/deepen_check.py --tiny --seq 32 --layers 5 --strategy ddp --dtype float32 --no-write
+        # DDP with the stand-in in fp32 cannot be extended: the one-line DeepenError (bf16: extends)
 
 Writes the comparison to docs/results/solvers_and_scale.md, in a section named after the model,
 depth, executors and strategy (``deepen_Llama-2-7b-hf_8_layers_nvfuser-standin``; ``--page PATH``
@@ -23,6 +25,7 @@ import time
 from results_page import RESULTS_DIR, add_page_arguments, finish_page, markdown_table
 
 from remat_opt import _compat  # noqa: F401  (applies the torch compatibility step before thunder)
+from remat_opt.core.deepen import DeepenError
 from remat_opt.distributed.data_parallel import STRATEGIES, DataParallel
 from remat_opt.executors import EXECUTOR_CHOICES, default_executors
 from remat_opt.validation.graph_diff import structural_differences
@@ -60,18 +63,23 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="shrink the config's width (remat_opt.models.by_name)")
     parser.add_argument("--strategy", choices=STRATEGIES, default=None, help="one rank under FSDP or DDP")
     parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default="bfloat16")
     add_page_arguments(parser, RESULTS_DIR / "solvers_and_scale.md")
     args = parser.parse_args()
-    spec = ModelSpec(args.model, n_layer=args.layers, seq=args.seq, dtype="bfloat16", device="meta", tiny=args.tiny)
+    spec = ModelSpec(args.model, n_layer=args.layers, seq=args.seq, dtype=args.dtype, device="meta", tiny=args.tiny)
     parallel = DataParallel(args.strategy, args.world_size) if args.strategy else None
     graphs, seconds = {}, {}
     for how, traced in (("extended", args.traced_layers), ("direct", 0)):
         start_s = time.perf_counter()
-        graphs[how] = analyze_spec(spec, traced_layers=traced, executors=args.executors, parallel=parallel)
+        try:
+            graphs[how] = analyze_spec(spec, traced_layers=traced, executors=args.executors, parallel=parallel)
+        except DeepenError as e:  # the one-line error the CLI prints
+            raise SystemExit(f"deepen_check: {e}") from e
         seconds[how] = time.perf_counter() - start_s
     diffs = structural_differences(graphs["extended"], graphs["direct"], limit=20)
     where = f", {parallel.describe()}" if parallel else ""
-    setting = (f"{args.model}{' (tiny)' if args.tiny else ''}, {args.layers} layers, seq {args.seq}, bf16, meta, "
+    dtype = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}[args.dtype]
+    setting = (f"{args.model}{' (tiny)' if args.tiny else ''}, {args.layers} layers, seq {args.seq}, {dtype}, meta, "
                f"executors {args.executors}{where}")
     print(setting)
     peaks_bytes = {}

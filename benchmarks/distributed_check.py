@@ -14,6 +14,8 @@ backward's end), and at the least peak of the limited order.
 
     .venv/bin/python benchmarks/distributed_check.py [--models Llama-2-7b-hf pythia-14m] [--seq 256]
         [--cases fsdp-in_flight fsdp-in_flight_least]   (these and the save-all runs they need)
+    .venv/bin/python benchmarks/distributed_check.py --n-layer 3 --seq 256 \
+        --cases fsdp-per_block fsdp-per_block_in_flight ddp-per_block   (per-block checkpointing)
 
 Writes the tables to docs/results/distributed.md (section ``matrix_seqN``, or ``in_flight_seqN`` when
 only ``fsdp-in_flight*`` cases run; ``--page PATH`` elsewhere, ``--no-write`` to print only). The
@@ -37,6 +39,14 @@ from results_page import RESULTS_DIR, add_page_arguments, finish_page, markdown_
 from distributed_runs import spawn  # noqa: E402
 from test_distributed import FULL_CASES  # noqa: E402
 
+# Per-block activation checkpointing (solver="per_block", no budget): needs --n-layer 3 or more.
+PER_BLOCK_CASES = [
+    ("fsdp-per_block", "fsdp", ("per_block", None)),
+    ("fsdp-per_block_in_flight", "fsdp", ("per_block", 1)),
+    ("ddp-per_block", "ddp", ("per_block", None)),
+]
+ALL_CASES = FULL_CASES + PER_BLOCK_CASES
+
 
 HEADER = ["rank", "case", "budget B", "saved predicted", "measured", "re-gathers", "peak predicted", "measured",
           "budget held", "grad error (relative)"]
@@ -45,10 +55,14 @@ HEADER = ["rank", "case", "budget B", "saved predicted", "measured", "re-gathers
 def _cells(rank: int, label: str, c: dict) -> list[str]:
     kind = "peak" if c.get("peak_budget") else "activation"
     peak_error = c["measured_peak_bytes"] / c["predicted_peak_bytes"] - 1
-    held = c["measured_peak_bytes" if kind == "peak" else "measured_saved_bytes"] <= c["bound_bytes"]
-    return [str(rank), label, f"{kind} {c['bound_bytes']:,}", f"{c['predicted_saved_bytes']:,}",
+    if c["bound_bytes"] is None:  # a named plan (per-block checkpointing): no budget to hold
+        budget, held = "none", "-"
+    else:
+        budget = f"{kind} {c['bound_bytes']:,}"
+        held = "yes" if c["measured_peak_bytes" if kind == "peak" else "measured_saved_bytes"] <= c["bound_bytes"] else "NO"
+    return [str(rank), label, budget, f"{c['predicted_saved_bytes']:,}",
             f"{c['measured_saved_bytes']:,}", str(len(c["regathered"])), f"{c['predicted_peak_bytes']:,}",
-            f"{c['measured_peak_bytes']:,} ({peak_error:+.2%})", "yes" if held else "NO",
+            f"{c['measured_peak_bytes']:,} ({peak_error:+.2%})", held,
             f"{c['grad_error']:.1e} ({c['grad_relative_error']:.1e})"]
 
 
@@ -80,9 +94,10 @@ def _floor_lines(ranks: list[dict], cases: list) -> list[str]:
     return lines
 
 
-def model_section(model: str, seq: int, wall_time_s: float, ranks: list[dict], cases: list) -> list[str]:
+def model_section(model: str, seq: int, wall_time_s: float, ranks: list[dict], cases: list,
+                  n_layer: int = 1) -> list[str]:
     """Markdown for one model: its setting, the per-rank table (and other threads' peak), the floor."""
-    lines = [f"**{model}** (tiny, 1 layer, seq {seq}, fp32, fused SDPA, 2 gloo ranks; {wall_time_s:.0f} s)", ""]
+    lines = [f"**{model}** (tiny, {n_layer} layer(s), seq {seq}, fp32, fused SDPA, 2 gloo ranks; {wall_time_s:.0f} s)", ""]
     rows, failures = [], []
     for rank, result in enumerate(ranks):
         if "error" in result:
@@ -100,22 +115,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["Llama-2-7b-hf", "pythia-14m"])
     parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--cases", nargs="+", default=None, help="labels to run (default: all)")
+    parser.add_argument("--n-layer", type=int, default=1, help="layers of the tiny models (per-block cases: 3 or more)")
+    parser.add_argument("--cases", nargs="+", default=None,
+                        help="labels to run (default: all budgets; the per-block cases only when named)")
     add_page_arguments(parser, RESULTS_DIR / "distributed.md")
     args = parser.parse_args()
     cases = FULL_CASES
     if args.cases:
-        unknown = set(args.cases) - {label for label, _, _ in FULL_CASES}
+        unknown = set(args.cases) - {label for label, _, _ in ALL_CASES}
         if unknown:
-            parser.error(f"unknown case(s) {', '.join(sorted(unknown))}; use: {', '.join(c[0] for c in FULL_CASES)}")
-        strategies = {s for label, s, _ in FULL_CASES if label in args.cases}
-        cases = [c for c in FULL_CASES if c[0] in args.cases or (c[2] == "save_all" and c[1] in strategies)]
+            parser.error(f"unknown case(s) {', '.join(sorted(unknown))}; use: {', '.join(c[0] for c in ALL_CASES)}")
+        strategies = {s for label, s, _ in ALL_CASES if label in args.cases}
+        cases = [c for c in ALL_CASES if c[0] in args.cases or (c[2] == "save_all" and c[1] in strategies)]
     section = []
     for model in args.models:
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as out:
-            ranks = spawn(cases, out, timeout_s=1800.0, model_spec=(model, args.seq))
-        print(f"\n{model} (tiny, 1 layer, seq {args.seq}, fp32, fused SDPA; {time.perf_counter() - start:.0f} s)\n")
+            ranks = spawn(cases, out, timeout_s=1800.0, model_spec=(model, args.seq, args.n_layer))
+        print(f"\n{model} (tiny, {args.n_layer} layer(s), seq {args.seq}, fp32, fused SDPA; "
+              f"{time.perf_counter() - start:.0f} s)\n")
         print("| rank | case | budget B | saved predicted | measured | re-gathers | peak predicted | measured | "
               "budget held | grad error (relative) |\n|---|---|---|---|---|---|---|---|---|---|")
         for rank, result in enumerate(ranks):
@@ -124,9 +142,11 @@ def main() -> None:
                 continue
             for label, _, _ in cases:
                 print(_row(rank, label, result[label]), flush=True)
-        section += model_section(model, args.seq, time.perf_counter() - start, ranks, cases)
+        section += model_section(model, args.seq, time.perf_counter() - start, ranks, cases, args.n_layer)
     only_in_flight = args.cases and all(label.startswith("fsdp-in_flight") for label in args.cases)
-    key = f"{'in_flight' if only_in_flight else 'matrix'}_seq{args.seq}"
+    only_per_block = args.cases and all("per_block" in label for label in args.cases)
+    kind = "per_block" if only_per_block else "in_flight" if only_in_flight else "matrix"
+    key = f"{kind}_seq{args.seq}" + (f"_layers{args.n_layer}" if args.n_layer != 1 else "")
     finish_page(args, key, "\n".join(section), start_s)
 
 

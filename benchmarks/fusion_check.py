@@ -6,7 +6,9 @@ saves with these executors and no plan) and the minimum, and at three step-peak 
 half and three quarters of the way from the least peak the search finds to the save-all peak. Per run it prints the
 predicted and measured saved bytes (`measure_saved_bytes`), predicted and measured step peak
 (`measure_step_peak_bytes`), the largest gradient difference from eager, the dry runs the search
-took and the compile time. Figures of the README and the issue-12 closing note come from here.
+took and the compile time. Figures of docs/results/fusion.md come from here. ``--executors
+fused-sdpa`` runs the budgets of tests/transform/test_transform.py on every family (the suite runs a
+rotation of them).
 
     .venv/bin/python benchmarks/fusion_check.py                       # block + six tiny families, stand-in
     .venv/bin/python benchmarks/fusion_check.py --models block --executors torch-compile
@@ -76,7 +78,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(FAMILIES))
     parser.add_argument("--executors", default="nvfuser-standin",
-                        choices=("nvfuser-standin", "torch-compile", "sdpa-then-torch-compile"))
+                        choices=("nvfuser-standin", "torch-compile", "sdpa-then-torch-compile", "fused-sdpa"),
+                        help="fused-sdpa: no fusion executor, as tests/transform/test_transform.py's budget runs")
     parser.add_argument("--n-layer", type=int, default=1)
     parser.add_argument("--no-peak-budgets", action="store_true", help="activation budgets only")
     args = parser.parse_args()

@@ -57,7 +57,8 @@ def pytest_unconfigure(config):
 # test_distributed.py is left in file order on purpose: its two spawned ranks are best overlapped with
 # light tests, not with the other long ones.
 _LONGEST_FIRST = ("test_deepen.py", "test_deepen_parallel.py", "test_notebook.py", "test_transform.py",
-                  "test_nvfuser_standin.py", "test_extract.py", "test_costmodels_families.py", "test_cli.py")
+                  "test_nvfuser_standin.py", "test_extract.py", "test_costmodels_families.py", "test_cli.py",
+                  "test_per_block_checkpointing.py")
 
 
 def pytest_collection_modifyitems(config, items):

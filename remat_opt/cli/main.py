@@ -482,7 +482,8 @@ def add_solver_argument(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--solver", choices=SOLVER_CHOICES, default="auto",
                         help="auto and ilp: the CP-SAT ILP (least recompute time under the budget, within "
-                             "--time-limit-s); mincut: networkx min-cut; save_all, recompute_all: the baselines")
+                             "--time-limit-s); mincut: networkx min-cut; save_all, recompute_all: the baselines; "
+                             "per_block: activation checkpointing of every repeated layer")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -37,7 +37,9 @@ def analyze_spec(spec, *, traced_layers: int = DEFAULT_TRACED_LAYERS, executors=
             or traced_layers in (1, 2):
         raise ValueError(f"traced_layers must be 0 (all) or at least 3, got {traced_layers!r}")
     executors_key, executor_list = resolve_executors(executors, spec.device)
-    depth = litgpt_config(spec)[0].n_layer
+    config, seq = litgpt_config(spec)
+    spec = replace(spec, seq=seq)  # the default sequence length spelled out: one cache key per graph
+    depth = config.n_layer
     traced = depth if traced_layers == 0 else min(depth, traced_layers)
     start_s = time.perf_counter()
     in_flight = parallel.collectives_in_flight if parallel else None

@@ -170,10 +170,14 @@ def forward_op_times_s(costs: CostModel, graph: JointGraph) -> dict[str, float]:
     return {op.name: costs.op_cost(op).time_s for op in graph.forward_ops}
 
 
+# Solvers that return one fixed plan: a budget only checks it, and without one it is still the plan.
+FIXED_PLAN_SOLVERS = ("save_all", "recompute_all", "per_block")
+
+
 def _solver_options(request: PlanRequest):
     if request.solver == "mincut":
         return MinCutOptions()
-    if request.solver in ("save_all", "recompute_all"):
+    if request.solver in FIXED_PLAN_SOLVERS:
         return BaselineOptions()
     return ILPOptions(time_limit_s=request.time_limit_s)
 
@@ -201,7 +205,8 @@ def plan_step(graph: JointGraph, request: PlanRequest) -> PlannedStep:
     start_s = time.perf_counter()
     costs = CostModel(graph, device_spec=request.device_spec, table=request.table, region_graph=request.region_graph)
     problem = RecomputeProblem.from_graph(graph, forward_op_times_s(costs, graph))
-    if request.peak_budget_bytes is None and request.activation_budget_bytes is None:
+    no_budget = request.peak_budget_bytes is None and request.activation_budget_bytes is None
+    if no_budget and request.solver not in FIXED_PLAN_SOLVERS:
         plan = _zero_time_plan(problem, costs, request)
     else:  # `PlanRequest.create` has checked the solver's name
         solver = SOLVERS["ilp" if request.solver == "auto" else request.solver]

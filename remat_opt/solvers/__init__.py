@@ -5,7 +5,7 @@
 Every plan returned has passed the independent `remat_opt.core.checker.check_plan`. Pick a solver by
 name through `SOLVERS` (baselines included, so each solver has a reference).
 
-Modules: `baselines` (save-all, recompute-all), `mincut` (networkx min-cut), `ilp_model` (the
+Modules: `baselines` (save-all, recompute-all, per-block checkpointing), `mincut` (networkx min-cut), `ilp_model` (the
 CP-SAT model), `ilp_peak` (refining it against the simulated peak), `ilp_bounds` (least memory of
 any plan), `ilp` (`solve_ilp`), `peak_model` (linear lower bound on the peak), `schedule_rows`,
 `blocks` (ties between repeated layers), `pareto` (budget sweeps).
@@ -14,7 +14,7 @@ any plan), `ilp` (`solve_ilp`), `peak_model` (linear lower bound on the peak), `
 from __future__ import annotations
 
 from remat_opt.solvers._common import InfeasibleBudgetError, PlanCheckError
-from remat_opt.solvers.baselines import BaselineOptions, solve_recompute_all, solve_save_all
+from remat_opt.solvers.baselines import BaselineOptions, solve_per_block, solve_recompute_all, solve_save_all
 from remat_opt.solvers.ilp import solve_ilp
 from remat_opt.solvers.ilp_bounds import PeakMinimum, minimum_peak, minimum_peak_bytes, minimum_saved_bytes
 from remat_opt.solvers.ilp_model import ILPOptions
@@ -26,6 +26,7 @@ SOLVERS = {
     "ilp": solve_ilp,
     "save_all": solve_save_all,
     "recompute_all": solve_recompute_all,
+    "per_block": solve_per_block,
 }
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "pareto_front",
     "solve_ilp",
     "solve_mincut",
+    "solve_per_block",
     "solve_recompute_all",
     "solve_save_all",
 ]

@@ -1,10 +1,13 @@
-"""Reference plans every solver is compared with (Checkmate's checkpoint-all and recompute-all)."""
+"""Reference plans every solver is compared with: Checkmate's checkpoint-all and recompute-all, and
+per-block activation checkpointing (what ``torch.utils.checkpoint`` around every transformer block
+does, what large training runs use)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
 
+from remat_opt.core.layers import LayerError, find_layers, find_repeated_blocks
 from remat_opt.core.plan import RematPlan
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers._common import Budgets, checked, raise_if_over
@@ -52,3 +55,56 @@ def solve_recompute_all(
 ) -> RematPlan:
     """Tags every allowed unit: everything recomputable is recomputed; raises if over a budget."""
     return _fixed_plan(problem, problem.allowed_units, "recompute_all", activation_budget_bytes, peak_budget_bytes)
+
+
+def per_block_units(problem: RecomputeProblem) -> tuple[str, ...]:
+    """The units per-block checkpointing recomputes: every allowed unit inside one repeated layer
+    (`remat_opt.core.layers.find_layers`: its forward block and satellites, an FSDP weight's gather
+    included, which is then re-gathered) whose outputs stay inside that layer's forward. What leaves
+    a layer (its output, the next block's input) is kept, as is everything outside the layers
+    (embedding, final norm, head, loss) and what may not be recomputed (random ops, collectives).
+
+    Raises:
+        LayerError: the graph has no repeated layers (the message says what to trace).
+    """
+    graph = problem.graph
+    forward_layer = _forward_layers(graph)
+    reader_layers: dict[str, set[int | None]] = {}
+    for op in graph.forward_ops:
+        for name in op.inputs:
+            reader_layers.setdefault(name, set()).add(forward_layer.get(op.name))
+    inside = []
+    for name in problem.allowed_units:
+        unit = problem.units[name]
+        unit_layers = {forward_layer.get(op) for op in unit.ops}
+        if len(unit_layers) != 1 or None in unit_layers:
+            continue  # outside the layers, or across two
+        (layer,) = unit_layers
+        if not any(reader_layers.get(out, set()) - {layer} for out in unit.outputs):
+            inside.append(name)
+    return tuple(inside)
+
+
+def _forward_layers(graph) -> dict[str, int]:
+    """Forward op name -> its layer: `find_layers`' blocks and satellites, or, in a graph whose
+    backward does not repeat, the forward's repeated blocks alone."""
+    try:
+        layers = find_layers(graph)
+        return {op.name: layers.op_layer[op.name] for op in graph.forward_ops if op.name in layers.op_layer}
+    except LayerError as e:
+        run = find_repeated_blocks(graph)
+        if run is None:
+            raise LayerError(f"per-block checkpointing needs the graph's repeated layers: {e}") from e
+    return {op.name: run.block_of(i) for i, op in enumerate(graph.forward_ops) if run.block_of(i) is not None}
+
+
+def solve_per_block(
+    problem: RecomputeProblem,
+    *,
+    activation_budget_bytes: int | None = None,
+    peak_budget_bytes: int | None = None,
+    options: BaselineOptions = BaselineOptions(),
+) -> RematPlan:
+    """Per-block activation checkpointing (`per_block_units`): each layer keeps what it hands on
+    and recomputes the rest in the backward; raises if over a budget."""
+    return _fixed_plan(problem, per_block_units(problem), "per_block", activation_budget_bytes, peak_budget_bytes)

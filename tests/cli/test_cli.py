@@ -45,9 +45,6 @@ def test_inspect_text_output(capsys):
         (["pareto", *TINY, "--device-spec", "h100", "--world-size", "2"], "--world-size and --strategy go together"),
         (["plan", *TINY, "--device-spec", "h100", "--world-size", "2", "--strategy", "ddp", "--collectives-in-flight",
           "1"], "--collectives-in-flight goes with --strategy fsdp"),
-        (["plan", "Llama-2-7b-hf", "--tiny", "--n-layer", "5", "--dtype", "float32", "--device-spec", "h100",
-          "--world-size", "2", "--strategy", "ddp"],  # the nvFuser stand-in fuses DDP's forward copies of every weight into one region
-         "the DDP graph of Llama-2-7b-hf cannot be extended from 4 traced layers to 5: fwd0 (nvFusion0) writes"),
         # the model is the first thing checked: a wrong name before a missing --device-spec
         (["plan", "NoSuchModel-7b", "--tiny"], "unknown litgpt config name 'NoSuchModel-7b'"),
         (["pareto", "NoSuchModel-7b", "--tiny"], "unknown litgpt config name 'NoSuchModel-7b'"),
@@ -57,7 +54,7 @@ def test_inspect_text_output(capsys):
     ids=[
         "unknown-config", "failing-forward", "mixed-devices", "bad-factory", "missing-factory", "bad-seq",
         "traced-layers-too-few", "traced-layers-of-a-factory", "world-size-not-dividing", "unknown-strategy",
-        "world-size-alone", "in-flight-without-fsdp", "deepen-ddp-with-nvfuser-standin", "unknown-model-first-plan",
+        "world-size-alone", "in-flight-without-fsdp", "unknown-model-first-plan",
         "unknown-model-first-pareto", "unknown-device-spec", "unknown-flag",
     ],
 )

@@ -71,10 +71,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _model(model: str = MODEL, seq: int | None = None):
+def _model(model: str = MODEL, seq: int | None = None, n_layer: int = 1):
     from remat_opt.models.by_name import ModelSpec, build_model
 
-    return build_model(ModelSpec(model, n_layer=1, device="cpu", tiny=True, seq=seq))
+    return build_model(ModelSpec(model, n_layer=n_layer, device="cpu", tiny=True, seq=seq))
 
 
 def _eager_grads(model_spec) -> dict:
@@ -139,9 +139,10 @@ def _order_error(strategy: str, model_spec) -> str:
 
 
 def _run_case(strategy: str, bound_bytes: int | None, rank: int, eager: dict, executors, model_spec, *,
-              reference: bool = False, peak: bool = False, in_flight: int | None = None) -> dict:
+              reference: bool = False, peak: bool = False, in_flight: int | None = None,
+              solver: str = "auto") -> dict:
     """One compilation and step; `bound_bytes` bounds the saved bytes, or with `peak` the step peak;
-    `in_flight`: CostRemat's ``collectives_in_flight``."""
+    `in_flight`: CostRemat's ``collectives_in_flight``; `solver`: CostRemat's."""
     import thunder
 
     from remat_opt.validation.measure import measure_saved_bytes, measure_step_peak_bytes
@@ -151,13 +152,14 @@ def _run_case(strategy: str, bound_bytes: int | None, rank: int, eager: dict, ex
     model, inputs = _model(*model_spec)
     budget_gb = None if bound_bytes is None else bound_bytes / 1e9
     transform = CostRemat(**{"budget_gb" if peak else "activation_budget_gb": budget_gb}, device_spec="cpu",
-                          collectives_in_flight=in_flight)
+                          collectives_in_flight=in_flight, solver=solver)
     jitted = thunder.jit(model, transforms=[_parallel_transform(strategy), transform], executors=executors)
     measured = measure_saved_bytes(jitted, *inputs)
     measured.output.float().sum().backward()
     step = last_planned_step(jitted)
     grad_error, grad_relative_error = _grad_errors(strategy, jitted, eager, rank)
-    measure_peak = strategy == "ddp" or in_flight is not None or os.environ.get("REMAT_OPT_MEASURE_FSDP_PEAK") == "1"
+    measure_peak = strategy == "ddp" or in_flight is not None or solver != "auto" or \
+        os.environ.get("REMAT_OPT_MEASURE_FSDP_PEAK") == "1"
     peak_measurement = measure_step_peak_bytes(jitted, *inputs) if measure_peak else None
     from remat_opt.solvers import minimum_saved_bytes
     from remat_opt.solvers.ilp_bounds import minimum_peak_bytes
@@ -216,7 +218,8 @@ def _budget(budget, ref: dict) -> tuple[int, bool]:
 
 
 def run_rank(rank: int, port: int, out_dir: str, cases: list, model_spec: tuple = (MODEL, None)) -> None:
-    """One rank: every case in order on the tiny 1-layer `model_spec` = ``(litgpt name, seq)``.
+    """One rank: every case in order on the tiny `model_spec` = ``(litgpt name, seq[, n_layer])`` (1 layer
+    unless given).
 
     ``cases`` are ``(label, strategy, budget)`` where budget is ``"save_all"`` (run first for each
     strategy: it finds save-all and the minimum; the least step peak too when a peak case follows),
@@ -224,7 +227,9 @@ def run_rank(rank: int, port: int, out_dir: str, cases: list, model_spec: tuple 
     keeping every unsharded weight saves), ``("peak", f)`` (a step-peak budget f of the way from the
     least peak to save-all's), ``("in_flight", k)`` (``collectives_in_flight=k`` with a step-peak budget
     1 B below the least peak of Thunder's order of collectives), ``("in_flight_least", k)`` (the same
-    at the least peak of its own order, which the error of a 1 B budget names) or ``"order"``
+    at the least peak of its own order, which the error of a 1 B budget names), ``("per_block", k)``
+    (per-block activation checkpointing, ``solver="per_block"``, with ``collectives_in_flight=k``; no
+    budget; needs a model of several layers) or ``"order"``
     (CostRemat before the data-parallel transform: the error).
     """
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -249,11 +254,16 @@ def run_rank(rank: int, port: int, out_dir: str, cases: list, model_spec: tuple 
                 results[label] = {"error_message": _order_error(strategy, model_spec)}
                 continue
             if budget == "save_all":
-                with_peak = any(isinstance(b, tuple) and s == strategy for _, s, b in cases)
+                with_peak = any(isinstance(b, tuple) and b[0] != "per_block" and s == strategy for _, s, b in cases)
                 result = _run_case(strategy, 10**9, rank, eager, executors, model_spec,  # 1 GB: nothing to recompute
                                    reference="with_peak" if with_peak else True)
                 reference[strategy] = result
                 results[label] = {**result, "bound_bytes": result["save_all_bytes"]}
+                continue
+            if isinstance(budget, tuple) and budget[0] == "per_block":  # no budget: the named plan
+                result = _run_case(strategy, None, rank, eager, executors, model_spec, in_flight=budget[1],
+                                   solver="per_block")
+                results[label] = {**result, "bound_bytes": None, "peak_budget": False}
                 continue
             if isinstance(budget, tuple) and budget[0] in ("in_flight", "in_flight_least"):
                 in_flight = budget[1]

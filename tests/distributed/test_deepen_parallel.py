@@ -22,8 +22,10 @@ pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast 
 # traced layers: its regions span layer boundaries, and a layer's first norm weight is gathered with
 # the layer before it; two extra layers check that the copies hand those on. Thunder's executors
 # (fused SDPA) need 3. FSDP with them (3 -> 4, 4 -> 6, the 70B what-if's executors) matched too; left
-# out to keep the suite's time: these traces are its longest. DDP with the stand-in cannot be extended
-# (test_cli checks its one-line error): the stand-in fuses DDP's forward copies of every weight into one region.
+# out to keep the suite's time: these traces are its longest. DDP with the stand-in in float32 cannot
+# be extended (the stand-in fuses DDP's forward copies of every weight into one region; in bfloat16 it
+# extends): `benchmarks/deepen_check.py --tiny --seq 32 --layers 5 --strategy ddp --dtype float32
+# --no-write` prints the CLI's one-line error (a 4-layer trace: 30 s, out of the suite's time).
 CASES = {
     "fsdp-nvfuser-standin-4to6": ("fsdp", "nvfuser-standin", 4, 6),
     "ddp-fused-sdpa-3to4": ("ddp", "fused-sdpa", 3, 4),
