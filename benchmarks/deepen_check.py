@@ -30,7 +30,7 @@ from remat_opt.distributed.data_parallel import STRATEGIES, DataParallel
 from remat_opt.executors import EXECUTOR_CHOICES, default_executors
 from remat_opt.validation.graph_diff import structural_differences
 from remat_opt.models.graphs import analyze_spec
-from remat_opt.models.by_name import ModelSpec
+from remat_opt.models.by_name import DTYPES, ModelSpec
 from remat_opt.core.simulation import simulate_peak_bytes
 
 
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="shrink the config's width (remat_opt.models.by_name)")
     parser.add_argument("--strategy", choices=STRATEGIES, default=None, help="one rank under FSDP or DDP")
     parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--dtype", choices=("bfloat16", "float32", "float16"), default="bfloat16")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     add_page_arguments(parser, RESULTS_DIR / "solvers_and_scale.md")
     args = parser.parse_args()
     spec = ModelSpec(args.model, n_layer=args.layers, seq=args.seq, dtype=args.dtype, device="meta", tiny=args.tiny)
