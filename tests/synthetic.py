@@ -120,7 +120,8 @@ def _random_forward(b: _Builder, rng: random.Random, n_ops: int, groups: random.
     return written
 
 
-def _backward_for(b: _Builder, rng: random.Random, saved: list[str], output: str) -> None:
+def _backward_for(b: _Builder, rng: random.Random, saved: list[str], output: str,
+                  grad_numels: tuple[int, ...] = (64, 256, 1024)) -> None:
     """A backward reading every saved tensor (some through backward views), writing gradients."""
     cotangent = b.tensor("g_out", b.tensors[output].nbytes // ELEMENT_BYTES, "cotangent")
     grad = cotangent
@@ -129,7 +130,7 @@ def _backward_for(b: _Builder, rng: random.Random, saved: list[str], output: str
         if b.tensors[name].kind != "input" and rng.random() < 0.2:  # a backward view of a saved tensor
             read = b.tensor(f"bv{i}", b.tensors[name].nbytes // ELEMENT_BYTES, "backward", base=name)
             b.backward("reshape", [name], [read])
-        new = b.tensor(f"g{i}", rng.choice((64, 256, 1024)), "backward")
+        new = b.tensor(f"g{i}", rng.choice(grad_numels), "backward")
         b.backward("mul", [grad, read], [new])
         grad = new
         if b.tensors[name].kind == "input":  # the parameter's gradient, returned
@@ -182,10 +183,14 @@ def diamond_graph(numel: int = 256) -> JointGraph:
     return b.graph(saved, ["out"])
 
 
-def stacked_blocks_graph(n_blocks: int, seed: int = 0, block_ops: int = 10) -> JointGraph:
-    """`n_blocks` copies of one random residual block (like transformer layers), then a head."""
+def stacked_blocks_graph(n_blocks: int, seed: int = 0, block_ops: int = 10, *,
+                         inner_numels: tuple[int, ...] = (128, 256, 512),
+                         grad_numels: tuple[int, ...] = (64, 256, 1024)) -> JointGraph:
+    """`n_blocks` copies of one random residual block (like transformer layers), then a head; the
+    backward reads the saved tensors last layer first. Activations dominate the step's memory
+    (as in a transformer) with large `inner_numels` and small `grad_numels`."""
     rng = random.Random(seed)
-    choices = (("mul", "add", "exp"), (0, 1, 2), (128, 256, 512))
+    choices = (("mul", "add", "exp"), (0, 1, 2), inner_numels)
     recipe = [tuple(rng.choice(c) for c in choices) for _ in range(block_ops)]
     b = _Builder()
     stream = b.input("x", 256)
@@ -203,7 +208,7 @@ def stacked_blocks_graph(n_blocks: int, seed: int = 0, block_ops: int = 10) -> J
     head = b.tensor("logits", 256, "forward")
     b.forward("mul", [stream], [head], targets=["p_logits"], taggable=False, reason=REASON_FORWARD_OUTPUT)
     saved = saved[::-1]
-    _backward_for(b, random.Random(seed), saved, head)
+    _backward_for(b, random.Random(seed), saved, head, grad_numels)
     return b.graph(saved, [head])
 
 

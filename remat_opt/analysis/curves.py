@@ -28,6 +28,8 @@ CSV_COLUMNS = (
     "extra_time_ms",
     "recomputed_tags",
     "solver_status",
+    "solver",
+    "gap",
 )
 
 
@@ -45,6 +47,9 @@ def point_row(point) -> dict:
         "extra_time_ms": f"{point.extra_time_s * 1e3:.6f}",
         "recomputed_tags": len(plan.recomputed_tag_targets) if plan is not None else "",
         "solver_status": getattr(plan, "status", ""),
+        "solver": getattr(plan, "solver", ""),
+        # the plan's relative optimality gap (certified by the solver's lower bound); empty: unknown
+        "gap": "" if getattr(plan, "gap", None) is None else f"{plan.gap:.6f}",
     }
 
 

@@ -481,9 +481,11 @@ def add_solver_argument(parser: argparse.ArgumentParser) -> None:
     from remat_opt.planning.planner import SOLVER_CHOICES
 
     parser.add_argument("--solver", choices=SOLVER_CHOICES, default="auto",
-                        help="auto and ilp: the CP-SAT ILP (least recompute time under the budget, within "
-                             "--time-limit-s); mincut: networkx min-cut; save_all, recompute_all: the baselines; "
-                             "per_block: activation checkpointing of every repeated layer")
+                        help="ilp: the CP-SAT ILP over the whole graph (least recompute time under the budget, "
+                             "within --time-limit-s); layered: per-layer menus chained by a dynamic program, with a "
+                             "certified gap (graphs of repeated layers); auto: layered from 8 repeated layers up, "
+                             "else ilp; mincut: networkx min-cut; save_all, recompute_all: the "
+                             "baselines; per_block: activation checkpointing of every repeated layer")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,7 +26,8 @@ class InfeasibleBudgetError(ValueError):
     Attributes:
         kind: ``"activation_budget_bytes"`` (saved bytes) or ``"peak_budget_bytes"``.
         budget: the budget asked for, in bytes.
-        minimum: the smallest budget a plan was found for, in bytes.
+        minimum: the smallest budget a plan was found for, in bytes (proven minimal when
+            `lower_bound` equals it; else the message says it is the least found).
         lower_bound: a proven lower bound on the smallest feasible budget (equal to `minimum`
             when it is exact), in bytes.
         solver: the solver that gave up.
@@ -41,15 +42,20 @@ class InfeasibleBudgetError(ValueError):
         super().__init__(self._message())
 
     def _message(self) -> str:
+        """Names the minimum; when it is not proven (the least a search found), says so and gives the bound."""
         where = f"{self.solver}: " if self.solver else ""
+        proven = self.lower_bound >= self.minimum
         if not self.in_gb:
-            exact = "" if self.lower_bound >= self.minimum else f" (a proven lower bound is {self.lower_bound})"
-            return f"{where}{self.kind}={self.budget} < minimum feasible {self.minimum}{exact}"
+            if proven:
+                return f"{where}{self.kind}={self.budget} < minimum feasible {self.minimum}"
+            return f"{where}{self.kind}={self.budget} < least found {self.minimum} (a proven lower bound is {self.lower_bound})"
         option = self.option
-        bound = "" if self.lower_bound >= self.minimum else f"; no plan can go below {_gb_up(self.lower_bound)} GB"
         exact = f" ({self.minimum:,} B)" if self.minimum < GB else ""  # 3 decimals of a GB hide small models
-        return (f"{where}{option}={self.budget / GB:g} is below the minimum feasible {_gb_up(self.minimum)} GB"
-                f"{exact}{bound}: use {option}={_gb_up(self.minimum)} or more")
+        advice = f"use {option}={_gb_up(self.minimum)} or more"
+        if proven:
+            return f"{where}{option}={self.budget / GB:g} is below the minimum feasible {_gb_up(self.minimum)} GB{exact}: {advice}"
+        return (f"{where}{option}={self.budget / GB:g} is below the least found, {_gb_up(self.minimum)} GB{exact}; "
+                f"no plan can go below {_gb_up(self.lower_bound)} GB (proven): {advice}")
 
     def to_gb(self, option: str | None = None) -> InfeasibleBudgetError:
         """The same error with its message in GB, naming the budget as `option` (default: the

@@ -20,7 +20,9 @@ from remat_opt.core.errors import GB, InfeasibleBudgetError
 from remat_opt.core.graph import JointGraph
 from remat_opt.core.plan import RematPlan
 from remat_opt.core.problem import RecomputeProblem
-from remat_opt.solvers import SOLVERS, BaselineOptions, ILPOptions, MinCutOptions, ParetoPoint, minimum_saved_bytes
+from remat_opt.core.layers import LayerError
+from remat_opt.solvers import SOLVERS, BaselineOptions, ILPOptions, LayeredOptions, MinCutOptions, ParetoPoint, minimum_saved_bytes
+from remat_opt.solvers.baselines import forward_layers
 from remat_opt.solvers.pareto import ACTIVATION, check_budget_kind, sweep_budgets, sweep_points
 
 SOLVER_CHOICES = ("auto", *SOLVERS)
@@ -52,7 +54,7 @@ class PlanRequest:
     Attributes:
         peak_budget_bytes: bound on the simulated peak of one step.
         activation_budget_bytes: bound on saved-for-backward bytes (inputs excluded).
-        solver: a key of `SOLVERS`, or ``"auto"`` (ILP).
+        solver: a key of `SOLVERS`, or ``"auto"`` (`resolve_solver`: layered for large layered graphs, else ILP).
         table: measured cost table, or None.
         auto_costs: ``cost_table="auto"``: the caller (`CostRemat`, the CLI) times this graph's
             forward ops on its device at the first compilation, caching them on disk
@@ -174,11 +176,30 @@ def forward_op_times_s(costs: CostModel, graph: JointGraph) -> dict[str, float]:
 FIXED_PLAN_SOLVERS = ("save_all", "recompute_all", "per_block")
 
 
-def _solver_options(request: PlanRequest):
-    if request.solver == "mincut":
+# ``solver="auto"`` takes the layered solver from this many repeated layers up: the whole-graph
+# ILP proves optimality on a few layers in seconds, and runs out of time on a 32-layer 7B graph.
+AUTO_LAYERED_MIN_LAYERS = 8
+
+
+def resolve_solver(solver: str, problem: RecomputeProblem) -> str:
+    """The solver ``"auto"`` stands for on `problem`: ``"layered"`` for graphs of at least
+    `AUTO_LAYERED_MIN_LAYERS` repeated layers, else ``"ilp"``; other names unchanged."""
+    if solver != "auto":
+        return solver
+    try:
+        layer_of = forward_layers(problem.graph)
+    except LayerError:
+        return "ilp"
+    return "layered" if max(layer_of.values(), default=-1) + 1 >= AUTO_LAYERED_MIN_LAYERS else "ilp"
+
+
+def _solver_options(request: PlanRequest, solver: str):
+    if solver == "mincut":
         return MinCutOptions()
-    if request.solver in FIXED_PLAN_SOLVERS:
+    if solver in FIXED_PLAN_SOLVERS:
         return BaselineOptions()
+    if solver == "layered":  # half the time limit for the lower bound behind its certified gap
+        return LayeredOptions(bound_time_limit_s=request.time_limit_s / 2)
     return ILPOptions(time_limit_s=request.time_limit_s)
 
 
@@ -209,13 +230,13 @@ def plan_step(graph: JointGraph, request: PlanRequest) -> PlannedStep:
     if no_budget and request.solver not in FIXED_PLAN_SOLVERS:
         plan = _zero_time_plan(problem, costs, request)
     else:  # `PlanRequest.create` has checked the solver's name
-        solver = SOLVERS["ilp" if request.solver == "auto" else request.solver]
+        solver = resolve_solver(request.solver, problem)
         try:
-            plan = solver(
+            plan = SOLVERS[solver](
                 problem,
                 activation_budget_bytes=request.activation_budget_bytes,
                 peak_budget_bytes=request.peak_budget_bytes,
-                options=_solver_options(request),
+                options=_solver_options(request, solver),
             )
         except InfeasibleBudgetError as e:
             raise e.to_gb() from e
@@ -251,8 +272,8 @@ def sweep_problem(problem: RecomputeProblem, request: PlanRequest, *, budget_kin
     check_budget_kind(budget_kind)
     if (n_points is None) == (budgets_bytes is None):
         raise ValueError("give n_points (evenly spaced budgets) or budgets_bytes (explicit ones), not both")
-    options = _solver_options(request)
-    solver = "ilp" if request.solver == "auto" else request.solver
+    solver = resolve_solver(request.solver, problem)
+    options = _solver_options(request, solver)
     if budgets_bytes is None:
         if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 2:
             raise ValueError(f"n_points must be at least 2 (an integer: least memory and save-all), got {n_points!r}")

@@ -8,7 +8,8 @@ name through `SOLVERS` (baselines included, so each solver has a reference).
 Modules: `baselines` (save-all, recompute-all, per-block checkpointing), `mincut` (networkx min-cut), `ilp_model` (the
 CP-SAT model), `ilp_peak` (refining it against the simulated peak), `ilp_bounds` (least memory of
 any plan), `ilp` (`solve_ilp`), `peak_model` (linear lower bound on the peak), `schedule_rows`,
-`blocks` (ties between repeated layers), `pareto` (budget sweeps).
+`blocks` (ties between repeated layers), `layered` (decomposition over repeated layers, certified gap),
+`pareto` (budget sweeps).
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from remat_opt.solvers.baselines import BaselineOptions, solve_per_block, solve_
 from remat_opt.solvers.ilp import solve_ilp
 from remat_opt.solvers.ilp_bounds import PeakMinimum, minimum_peak, minimum_peak_bytes, minimum_saved_bytes
 from remat_opt.solvers.ilp_model import ILPOptions
+from remat_opt.solvers.layered import LayeredOptions, solve_layered
 from remat_opt.solvers.mincut import MinCutOptions, mincut_sweep, solve_mincut
 from remat_opt.solvers.pareto import ParetoPoint, pareto_front
 
 SOLVERS = {
     "mincut": solve_mincut,
     "ilp": solve_ilp,
+    "layered": solve_layered,
     "save_all": solve_save_all,
     "recompute_all": solve_recompute_all,
     "per_block": solve_per_block,
@@ -34,6 +37,7 @@ __all__ = [
     "BaselineOptions",
     "ILPOptions",
     "InfeasibleBudgetError",
+    "LayeredOptions",
     "MinCutOptions",
     "ParetoPoint",
     "PlanCheckError",
@@ -44,6 +48,7 @@ __all__ = [
     "minimum_saved_bytes",
     "pareto_front",
     "solve_ilp",
+    "solve_layered",
     "solve_mincut",
     "solve_per_block",
     "solve_recompute_all",

@@ -59,21 +59,33 @@ def solve_recompute_all(
 
 def per_block_units(problem: RecomputeProblem) -> tuple[str, ...]:
     """The units per-block checkpointing recomputes: every allowed unit inside one repeated layer
+    (`inside_units_by_layer`). What leaves a layer (its output, the next block's input) is kept, as
+    is everything outside the layers (embedding, final norm, head, loss) and what may not be
+    recomputed (random ops, collectives).
+
+    Raises:
+        LayerError: the graph has no repeated layers (the message says what to trace).
+    """
+    inside = {u for units in inside_units_by_layer(problem).values() for u in units}
+    return tuple(u for u in problem.allowed_units if u in inside)
+
+
+def inside_units_by_layer(problem: RecomputeProblem) -> dict[int, tuple[str, ...]]:
+    """Layer -> its allowed units (forward order) whose ops all lie in that layer
     (`remat_opt.core.layers.find_layers`: its forward block and satellites, an FSDP weight's gather
-    included, which is then re-gathered) whose outputs stay inside that layer's forward. What leaves
-    a layer (its output, the next block's input) is kept, as is everything outside the layers
-    (embedding, final norm, head, loss) and what may not be recomputed (random ops, collectives).
+    included, which is then re-gathered) and whose outputs only that layer's forward reads: what a
+    layer can recompute without touching another layer.
 
     Raises:
         LayerError: the graph has no repeated layers (the message says what to trace).
     """
     graph = problem.graph
-    forward_layer = _forward_layers(graph)
+    forward_layer = forward_layers(graph)
     reader_layers: dict[str, set[int | None]] = {}
     for op in graph.forward_ops:
         for name in op.inputs:
             reader_layers.setdefault(name, set()).add(forward_layer.get(op.name))
-    inside = []
+    inside: dict[int, list[str]] = {}
     for name in problem.allowed_units:
         unit = problem.units[name]
         unit_layers = {forward_layer.get(op) for op in unit.ops}
@@ -81,11 +93,11 @@ def per_block_units(problem: RecomputeProblem) -> tuple[str, ...]:
             continue  # outside the layers, or across two
         (layer,) = unit_layers
         if not any(reader_layers.get(out, set()) - {layer} for out in unit.outputs):
-            inside.append(name)
-    return tuple(inside)
+            inside.setdefault(layer, []).append(name)
+    return {layer: tuple(units) for layer, units in sorted(inside.items())}
 
 
-def _forward_layers(graph) -> dict[str, int]:
+def forward_layers(graph) -> dict[str, int]:
     """Forward op name -> its layer: `find_layers`' blocks and satellites, or, in a graph whose
     backward does not repeat, the forward's repeated blocks alone."""
     try:

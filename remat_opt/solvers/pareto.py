@@ -13,6 +13,7 @@ from remat_opt.solvers._common import InfeasibleBudgetError, checked
 from remat_opt.solvers.baselines import solve_save_all
 from remat_opt.solvers.ilp_bounds import minimum_peak, minimum_saved_bytes
 from remat_opt.solvers.ilp_model import ILPOptions
+from remat_opt.solvers.layered import LayeredOptions, least_peak_units
 
 
 ACTIVATION, PEAK = "activation", "peak"
@@ -59,12 +60,15 @@ def _budget_range(problem: RecomputeProblem, budget_kind: str, options) -> tuple
     if budget_kind == ACTIVATION:
         return minimum_saved_bytes(problem, ilp_options), save_all.saved_bytes, ()
     start_s = time.perf_counter()
-    found = minimum_peak(problem, ilp_options)
     note = "the least-peak plan found while bounding the sweep"
-    plan = problem.plan_for(found.units, solver="ilp", status="fallback", peak_budget_bytes=found.best_bytes,
-                            solve_time_s=0.0, notes=(note,))
-    plan = replace(plan, solve_time_s=time.perf_counter() - start_s)  # building the plan included
-    return found.best_bytes, save_all.peak_bytes, (checked(problem, plan),)
+    if isinstance(options, LayeredOptions):  # the chain's least-peak plan, checked by simulation
+        units, solver = least_peak_units(problem, options), "layered"
+    else:
+        units, solver = minimum_peak(problem, ilp_options).units, "ilp"
+    plan = problem.plan_for(units, solver=solver, status="fallback", solve_time_s=0.0, notes=(note,))
+    # building the plan included in its time
+    plan = replace(plan, peak_budget_bytes=plan.peak_bytes, solve_time_s=time.perf_counter() - start_s)
+    return plan.peak_bytes, save_all.peak_bytes, (checked(problem, plan),)
 
 
 def sweep_budgets(problem: RecomputeProblem, n_points: int, budget_kind: str = ACTIVATION, options=None):

@@ -48,3 +48,28 @@ def test_per_block_checkpointing_is_applied_as_predicted(name):
     assert abs(peak.peak_bytes - plan.peak_bytes) <= 0.05 * peak.peak_bytes, (peak.peak_bytes, plan.peak_bytes)
     print(f"{name}: per-block peak {plan.peak_bytes:,} B predicted, {peak.peak_bytes:,} B measured; "
           f"save-all {save_all.peak_bytes:,} B predicted; saved {plan.saved_bytes:,} of {save_all.saved_bytes:,} B")
+
+
+def test_a_layered_plan_is_applied_as_predicted():
+    """`solver="layered"` under a peak budget between per-block checkpointing's and save-all's:
+    Thunder saves what the plan says, gradients equal eager."""
+    model, inputs = _model("Llama-2-7b-hf")
+    probe = thunder.jit(model, transforms=[CostRemat(solver="per_block", device_spec="cpu")],
+                        executors=executor_list("fused"))
+    probe(*inputs)
+    problem = last_planned_step(probe).problem
+    low, high = (SOLVERS[name](problem).peak_bytes for name in ("per_block", "save_all"))
+    budget_gb = (low + high) / 2 / 1e9
+    jitted = thunder.jit(model, transforms=[CostRemat(budget_gb=budget_gb, solver="layered", device_spec="cpu")],
+                         executors=executor_list("fused"))
+    measured = measure_saved_bytes(jitted, *inputs)
+    measured.output.float().sum().backward()
+    plan = last_planned_step(jitted).plan
+    assert plan.solver == "layered" and plan.recomputed_tag_targets and plan.gap is not None
+    assert measured.activation_bytes == plan.saved_bytes and plan.peak_bytes <= budget_gb * 1e9
+    eager_model, eager_inputs = _model("Llama-2-7b-hf")
+    eager_model(*eager_inputs).float().sum().backward()
+    for (param, p), (_, q) in zip(model.named_parameters(), eager_model.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=param)
+    print(f"layered at {budget_gb * 1e9:,.0f} B: saved {plan.saved_bytes:,} B (measured {measured.activation_bytes:,}), "
+          f"predicted peak {plan.peak_bytes:,} B, gap {plan.gap:.2%}")

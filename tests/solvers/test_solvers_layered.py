@@ -1,0 +1,144 @@
+"""The layered solver (`solver="layered"`): per-layer menus chained by a dynamic program, checked
+by simulation, with a certified gap from a CP-SAT relaxation."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from remat_opt.core.errors import InfeasibleBudgetError
+from remat_opt.core.layers import LayerError
+from remat_opt.core.problem import RecomputeProblem
+from remat_opt.planning.planner import AUTO_LAYERED_MIN_LAYERS, resolve_solver
+from remat_opt.solvers import SOLVERS, ILPOptions, LayeredOptions, solve_ilp, solve_layered
+from remat_opt.solvers.layered import decomposition_of, least_peak_units
+from remat_opt.solvers.pareto import PEAK, sweep_budgets, sweep_points
+from synthetic import chain_graph, stacked_blocks_graph
+
+# Activations dominate the step (large block tensors, small gradients), as in a transformer.
+ACTIVATION_HEAVY = {"inner_numels": (512, 1024, 2048), "grad_numels": (16, 64)}
+OPTIONS = LayeredOptions(bound_time_limit_s=3.0)
+
+
+def _problem(seed: int, n_blocks: int | None = None, block_ops: int | None = None) -> RecomputeProblem:
+    rng = random.Random(seed)
+    graph = stacked_blocks_graph(n_blocks or rng.randint(3, 6), seed=seed, block_ops=block_ops or rng.randint(8, 14),
+                                 **ACTIVATION_HEAVY)
+    # whole microseconds: float sums of times compare exactly with the ILP's integer times
+    return RecomputeProblem.from_graph(graph, {op.name: rng.randint(1, 50) * 1e-6 for op in graph.forward_ops})
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return _problem(3, n_blocks=5, block_ops=10)
+
+
+def _budgets(problem, fractions):
+    low, high = SOLVERS["per_block"](problem).peak_bytes, SOLVERS["save_all"](problem).peak_bytes
+    assert low < high
+    return [int(low + f * (high - low)) for f in fractions]
+
+
+def test_menus_are_pareto_fronts_of_one_layer(problem):
+    decomposition = decomposition_of(problem, OPTIONS)
+    assert decomposition.n_layers == 5 and len(decomposition.classes) == 1
+    (layer_class,) = decomposition.classes
+    assert layer_class.menu[0] == () and len(layer_class.menu) >= 3
+    layer = layer_class.representative
+    saved = decomposition.saved_bytes[layer]
+    # from saving most to saving least, each entry saving less costs more time
+    assert saved == sorted(saved, reverse=True)
+    assert list(layer_class.menu_time_s) == sorted(layer_class.menu_time_s)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.1, 0.4, 0.8])
+def test_the_plan_fits_and_is_never_worse_than_the_baselines(problem, fraction):
+    (budget,) = _budgets(problem, [fraction])
+    plan = solve_layered(problem, peak_budget_bytes=budget, options=OPTIONS)
+    assert plan.solver == "layered" and plan.peak_bytes <= budget
+    for name in ("per_block", "save_all"):
+        baseline = SOLVERS[name](problem)
+        if baseline.peak_bytes <= budget:
+            assert plan.extra_time_s <= baseline.extra_time_s
+    assert plan.gap is not None and 0.0 <= plan.gap < 1.0
+    assert any("certified lower bound" in note for note in plan.notes)
+
+
+def test_decomposition_matches_the_exact_ilp_and_its_bound_contains_the_true_gap():
+    """On random layered graphs, at budgets from per-block checkpointing's peak up: the plan is
+    never faster than the ILP's proven optimum (both are checked plans), its certified lower bound
+    never exceeds that optimum, a zero gap means the optimum, and the plan is the optimum in nearly
+    every case (measured: 46 of 47 cases over 12 seeds and 4 budgets; the miss had an honest 11.6%
+    gap)."""
+    equal, cases = 0, 0
+    for seed in range(8):
+        problem = _problem(seed)
+        for budget in _budgets(problem, [0.05, 0.3]):
+            try:
+                exact = solve_ilp(problem, peak_budget_bytes=budget, options=ILPOptions(tie_blocks=False, time_limit_s=10))
+            except TimeoutError:  # no-good cuts on recompute transients can outlast the limit
+                continue
+            if exact.status != "optimal":
+                continue
+            plan = solve_layered(problem, peak_budget_bytes=budget, options=OPTIONS)
+            bound_s = plan.extra_time_s * (1 - plan.gap)
+            assert plan.extra_time_s >= exact.extra_time_s - 1e-12, (seed, budget)
+            assert bound_s <= exact.extra_time_s + 1e-12, (seed, budget, bound_s, exact.extra_time_s)
+            if plan.gap == 0.0:
+                assert plan.extra_time_s == pytest.approx(exact.extra_time_s, abs=1e-12)
+            cases += 1
+            equal += plan.extra_time_s == pytest.approx(exact.extra_time_s, abs=1e-12)
+    assert cases >= 12 and equal >= 0.75 * cases, (equal, cases)
+
+
+def test_a_budget_below_every_plan_names_the_least_found_and_a_proven_bound(problem):
+    least = SOLVERS["save_all"](problem)
+    units = least_peak_units(problem, OPTIONS)
+    least_peak = problem.plan_for(units, solver="x", status="x", solve_time_s=0.0).peak_bytes
+    with pytest.raises(InfeasibleBudgetError) as info:
+        solve_layered(problem, peak_budget_bytes=least_peak // 2, options=OPTIONS)
+    error = info.value
+    assert error.minimum == least_peak and error.lower_bound <= error.minimum <= least.peak_bytes
+    # the advice, followed, gives a plan
+    assert solve_layered(problem, peak_budget_bytes=error.minimum, options=OPTIONS).peak_bytes <= error.minimum
+
+
+def test_an_unproven_minimum_is_labelled_the_least_found():
+    error = InfeasibleBudgetError("peak_budget_bytes", 24 * 10**9, 27_056_455_680, 26_989_346_816, "layered").to_gb()
+    assert str(error) == ("layered: budget_gb=24 is below the least found, 27.057 GB; no plan can go below 26.990 GB "
+                          "(proven): use budget_gb=27.057 or more")
+    proven = InfeasibleBudgetError("peak_budget_bytes", 24 * 10**9, 27_056_455_680, solver="ilp").to_gb()
+    assert "below the minimum feasible 27.057 GB: use budget_gb=27.057 or more" in str(proven)
+
+
+def test_an_activation_budget_is_met(problem):
+    save_all = SOLVERS["save_all"](problem)
+    budget = save_all.saved_bytes // 2
+    plan = solve_layered(problem, activation_budget_bytes=budget, options=OPTIONS)
+    assert plan.saved_bytes <= budget and plan.extra_time_s > 0
+
+
+def test_a_graph_without_repeated_layers_is_a_clear_error():
+    graph = chain_graph(6)
+    problem = RecomputeProblem.from_graph(graph, {op.name: 1e-3 for op in graph.forward_ops})
+    with pytest.raises(LayerError, match="repeated layers"):
+        solve_layered(problem, peak_budget_bytes=10**9)
+
+
+def test_auto_takes_the_layered_solver_for_large_layered_graphs(problem):
+    assert resolve_solver("auto", problem) == "ilp"  # small: the whole-graph ILP proves optimality
+    large = _problem(1, n_blocks=AUTO_LAYERED_MIN_LAYERS, block_ops=12)
+    assert resolve_solver("auto", large) == "layered"
+    assert resolve_solver("mincut", large) == "mincut"
+
+
+def test_a_peak_sweep_starts_at_the_least_peak_and_never_slows_down(problem):
+    budgets, known = sweep_budgets(problem, 4, PEAK, OPTIONS)
+    assert known[0].peak_bytes == budgets[0] == known[0].peak_budget_bytes
+    points = sweep_points(problem, budgets, budget_kind=PEAK, solver="layered", options=OPTIONS, known=known)
+    assert [p.swept_budget_bytes for p in points] == budgets
+    for p in points:
+        assert p.peak_bytes <= p.swept_budget_bytes
+    for low, high in zip(points, points[1:]):
+        assert low.extra_time_s >= high.extra_time_s
