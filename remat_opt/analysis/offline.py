@@ -32,7 +32,8 @@ def plan_graph(graph: JointGraph, *, budget_gb: float | None = None, activation_
         graph: a joint graph (`remat_opt.analyze`, `remat_opt.analyze_model`).
         budget_gb: bound on the predicted peak of one training step, GB (10**9 bytes).
         activation_budget_gb: bound on the bytes saved for backward (inputs excluded), GB.
-        solver: ``"auto"`` (ILP), ``"ilp"``, ``"mincut"``, ``"save_all"``, ``"recompute_all"`` or
+        solver: ``"auto"`` (layered from 8 repeated layers, else ILP), ``"ilp"``, ``"layered"``,
+            ``"mincut"``, ``"save_all"``, ``"recompute_all"`` or
             ``"per_block"`` (activation checkpointing of every repeated layer).
         device_spec: spec sheet to cost for (``"h100"``, ``"h200"``, ``"a100"``, ``"l40s"``, ``"cpu"``
             or a spec name); default: the cost table's device, else the graph's (a CPU graph).

@@ -61,8 +61,8 @@ def round_up_bytes(n_bytes: int, granularity_bytes: int) -> int:
 class _Live:
     """Reference-counted live storages: a storage key costs its bytes while any tensor holds it."""
 
-    def __init__(self, baseline_bytes: int, granularity_bytes: int = 1):
-        self.granularity_bytes = granularity_bytes
+    def __init__(self, baseline_bytes: int, granularity_bytes: int = 1, by_kind: bool = True):
+        self.granularity_bytes, self.by_kind_on = granularity_bytes, by_kind
         self.held: dict[str, list[str]] = {}  # holder tensor -> the references it holds (see `hold`)
         self.key_of: dict[str, str] = {}
         self.refs: dict[str, int] = {}
@@ -107,7 +107,10 @@ class _Live:
             self.by_kind[self.kind_of.pop(key)] -= nbytes
 
     def event(self, label: str, workspace_bytes: int = 0) -> tuple[str, int, tuple[int, ...]]:
-        """``(label, live bytes, live bytes by kind)`` now, with an op's workspace."""
+        """``(label, live bytes, live bytes by kind)`` now, with an op's workspace (no kinds when
+        `by_kind` is off)."""
+        if not self.by_kind_on:
+            return label, self.total + workspace_bytes, ()
         kinds = tuple(self.by_kind[k] + (workspace_bytes if k == "workspace" else 0) for k in MEMORY_KINDS)
         return label, self.total + workspace_bytes, kinds
 
@@ -215,7 +218,7 @@ def _tag_targets_of(plan_or_tag_targets: RematPlan | Iterable[str]) -> tuple[str
 
 
 def simulate_step(graph: JointGraph, plan_or_tag_targets: RematPlan | Iterable[str] = (), *,
-                  allocation_granularity_bytes: int = 1) -> PeakTimeline:
+                  allocation_granularity_bytes: int = 1, by_kind: bool = True) -> PeakTimeline:
     """Simulates the live memory of one training step under a plan (see the module docstring).
 
     Args:
@@ -223,6 +226,8 @@ def simulate_step(graph: JointGraph, plan_or_tag_targets: RematPlan | Iterable[s
         plan_or_tag_targets: a `RematPlan`, or the tag targets to recompute (empty: save all).
         allocation_granularity_bytes: every storage counts as its bytes rounded up to a multiple of
             this (CUDA's caching allocator: 512; 1: exact bytes).
+        by_kind: split each event's live bytes by `MEMORY_KINDS` (`PeakTimeline.kind_bytes`; off:
+            empty, and faster).
 
     Returns:
         The `PeakTimeline`.
@@ -233,7 +238,7 @@ def simulate_step(graph: JointGraph, plan_or_tag_targets: RematPlan | Iterable[s
     granularity = allocation_granularity_bytes
     baseline = sum(round_up_bytes(t.storage_bytes, granularity) for t in graph.tensors.values()
                    if t.kind == "input" and t.storage == t.name)
-    live, events = _Live(baseline, granularity), []
+    live, events = _Live(baseline, granularity, by_kind), []
     _simulate_forward(graph, set(derivation.saved), live, events)
     _simulate_backward(graph, derivation, live, events)
     values = [v for _, v, _ in events]
@@ -244,7 +249,7 @@ def simulate_step(graph: JointGraph, plan_or_tag_targets: RematPlan | Iterable[s
         live_bytes=tuple(values),
         peak_bytes=peak,
         peak_index=values.index(peak) if values else 0,
-        kind_bytes=tuple(kinds for _, _, kinds in events),
+        kind_bytes=tuple(kinds for _, _, kinds in events) if by_kind else (),
     )
 
 

@@ -70,17 +70,19 @@ def per_block_units(problem: RecomputeProblem) -> tuple[str, ...]:
     return tuple(u for u in problem.allowed_units if u in inside)
 
 
-def inside_units_by_layer(problem: RecomputeProblem) -> dict[int, tuple[str, ...]]:
+def inside_units_by_layer(problem: RecomputeProblem, forward_layer: dict[str, int] | None = None) -> dict[int, tuple[str, ...]]:
     """Layer -> its allowed units (forward order) whose ops all lie in that layer
     (`remat_opt.core.layers.find_layers`: its forward block and satellites, an FSDP weight's gather
     included, which is then re-gathered) and whose outputs only that layer's forward reads: what a
     layer can recompute without touching another layer.
 
+    `forward_layer`: `forward_layers` of the graph, when the caller has it.
+
     Raises:
         LayerError: the graph has no repeated layers (the message says what to trace).
     """
     graph = problem.graph
-    forward_layer = forward_layers(graph)
+    forward_layer = forward_layers(graph) if forward_layer is None else forward_layer
     reader_layers: dict[str, set[int | None]] = {}
     for op in graph.forward_ops:
         for name in op.inputs:

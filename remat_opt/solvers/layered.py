@@ -17,13 +17,13 @@ never solve the whole graph at once.
    ``saved by earlier layers + H <= model peak`` in every region, the least total time wins; a
    min-max variant of it gives the least-peak plan.
 5. **Check.** The plan is simulated; an overshoot lowers the model peak by it and the chain is
-   solved again. The fastest fitting plan of the chain, save-all and per-block checkpointing is
-   returned: never worse than those baselines.
-6. **Bound.** A lower bound on the least recompute time of any plan under the budgets: CP-SAT on
-   the whole untied model with the peak model's rows (`solvers.peak_model`, a lower bound on the
-   simulated peak at each event, so every fitting plan satisfies them), rows added where the
-   relaxation's answer breaks the peak model, within `bound_time_limit_s`. Its plans that fit the
-   simulated peak are candidates too (the polisher). The plan's `gap` is certified against it.
+   solved again. The fastest fitting plan of the chain, save-all, per-block checkpointing and a
+   min-cut sweep is returned: never worse than those baselines.
+6. **Bound.** A lower bound on the least recompute time of any plan under the budgets
+   (`solvers.time_bound`): the larger of a fractional-knapsack bound over the peak model's events
+   and CP-SAT's proven bound on the whole untied model with the peak model's rows, within
+   `bound_time_limit_s`. The relaxation's plans that fit the simulated peak are candidates too (the
+   polisher). The plan's `gap` is certified against the bound.
 
 Units outside the layers (embedding, head) and units crossing two layers stay saved, as in
 per-block checkpointing; the bound covers every plan, so the gap says what that costs.
@@ -44,11 +44,11 @@ from remat_opt.core.problem import RecomputeProblem
 from remat_opt.core.simulation import simulate_step
 from remat_opt.solvers._common import Budgets, InfeasibleBudgetError, checked
 from remat_opt.solvers.baselines import forward_layers, inside_units_by_layer
-from remat_opt.solvers.blocks import Ties
+from remat_opt.solvers.blocks import Ties, choose_ties
 from remat_opt.solvers.ilp_model import ILPModel, ILPOptions
 from remat_opt.solvers.ilp_bounds import minimum_saved_bytes
-from remat_opt.solvers.ilp_peak import _simulated_violation, model_live_bytes
-from remat_opt.solvers.schedule_rows import add_schedule_row
+from remat_opt.solvers.time_bound import TimeBound, lower_bound
+from remat_opt.solvers.mincut import mincut_sweep
 from remat_opt.solvers.peak_model import peak_model_of
 
 
@@ -57,8 +57,9 @@ class LayeredOptions:
     """Options of `solve_layered`.
 
     Attributes:
-        max_menu_entries: most plans per layer class (the Pareto front is cut at its smallest saved
-            bytes after this many).
+        max_menu_entries: plans per layer class: half of them the first Pareto points down from
+            saving everything, the rest at saved-bytes caps spread evenly below them (besides
+            save-all's, per-block's and the min-cut plans' own).
         menu_time_limit_s: CP-SAT limit per menu entry.
         chain_buckets: resolution of the chain's saved-bytes axis (the peak budget over this many
             steps; sizes round up, so the chain is conservative by at most one step per layer).
@@ -68,7 +69,7 @@ class LayeredOptions:
         num_workers: CP-SAT workers for the bound (the menus use 1).
     """
 
-    max_menu_entries: int = 24
+    max_menu_entries: int = 40
     menu_time_limit_s: float = 2.0
     chain_buckets: int = 20_000
     max_rounds: int = 8
@@ -117,6 +118,8 @@ class Decomposition:
             layers save.
         head_excess_bytes: the same for the region after the last layer's forward (all layers).
         outside_saved_bytes: saved bytes of storages outside the layers (plan-independent here).
+        baselines: ``(name, (units, saved bytes, peak, extra time))`` of save-all, per-block
+            checkpointing and a min-cut sweep: plans the solver is never worse than.
         build_time_s: seconds spent building it.
     """
 
@@ -127,6 +130,7 @@ class Decomposition:
     excess_bytes: dict[int, list[int]] = field(default_factory=dict)
     head_excess_bytes: int = 0
     outside_saved_bytes: int = 0
+    baselines: list = field(default_factory=list)
     build_time_s: float = 0.0
 
     def entries(self, layer: int) -> int:
@@ -159,14 +163,13 @@ def decomposition_of(problem: RecomputeProblem, options: LayeredOptions = Layere
     return cached[key]
 
 
-def _layer_classes(problem: RecomputeProblem) -> tuple[int, list[LayerClass]]:
+def _layer_classes(problem: RecomputeProblem, layer_of: dict[str, int]) -> tuple[int, list[LayerClass]]:
     """``(n_layers, classes)``: layers grouped by the op signatures of their inside units."""
     graph = problem.graph
-    layer_of = forward_layers(graph)
     n_layers = max(layer_of.values(), default=-1) + 1
     if n_layers < 2:
         raise LayerError("the layered solver needs at least 2 repeated layers")
-    inside = inside_units_by_layer(problem)
+    inside = inside_units_by_layer(problem, layer_of)
     codes = dict(zip((op.name for op in graph.forward_ops), op_signature_codes(graph, graph.forward_ops).tolist()))
     groups: dict[tuple, list[int]] = {}
     for layer in range(n_layers):
@@ -181,9 +184,12 @@ def _layer_classes(problem: RecomputeProblem) -> tuple[int, list[LayerClass]]:
     return n_layers, classes
 
 
-def _menu(problem: RecomputeProblem, layer_class: LayerClass, options: LayeredOptions) -> LayerClass:
+def _menu(problem: RecomputeProblem, layer_class: LayerClass, options: LayeredOptions,
+          whole_plans: tuple[tuple[str, ...], ...] = ()) -> LayerClass:
     """The class's menu: the representative's exact (saved, time) Pareto front (CP-SAT), save-all's
-    and per-block checkpointing's plans included."""
+    and per-block checkpointing's plans, and what each of `whole_plans` (plans of the whole graph,
+    the min-cut sweep's) does in the representative layer: plans off that front that keep the
+    layer's backward transient low."""
     own = layer_class.units[layer_class.representative]
     if not own:
         return replace(layer_class, menu=((),), menu_time_s=(0.0,))
@@ -195,19 +201,38 @@ def _menu(problem: RecomputeProblem, layer_class: LayerClass, options: LayeredOp
     scale = sum(w // form.byte_gcd for w in form.byte_weights.values()) + 1
     form.cp.minimize(form.time_expr() * scale + saved_weight)  # least time, then least saved bytes
     plans = {(): None, own: None}
-    cap = restricted.saved_bytes(())
-    while len(plans) < options.max_menu_entries + 1 and cap > 0:
-        form.add_saved_budget(cap - 1)
-        solution = form.solve(time.perf_counter() + options.menu_time_limit_s)
-        if solution.status not in ("OPTIMAL", "FEASIBLE"):
+    for whole in whole_plans:
+        plans.setdefault(restricted.effective_units(set(own).intersection(whole)), None)
+    # Pareto points: the first steps of the front down from saving everything (the cheapest ones),
+    # then points at saved-bytes caps spread evenly down to the least the layer can save.
+    most, least = restricted.saved_bytes(()), restricted.saved_bytes(own)
+    cap, steps = most - 1, options.max_menu_entries // 2
+    for _ in range(steps):
+        units = _menu_point(form, restricted, cap, options)
+        if units is None:
             break
-        units = restricted.effective_units(solution.units)
         plans.setdefault(units, None)
-        cap = restricted.saved_bytes(units)
+        cap = restricted.saved_bytes(units) - 1
+    n_caps = max(1, options.max_menu_entries - len(plans))
+    for spread in sorted({least + (cap - least) * i // n_caps for i in range(n_caps)}, reverse=True):
+        units = _menu_point(form, restricted, spread, options)
+        if units is None:
+            break
+        plans.setdefault(units, None)
     position = {u: i for i, u in enumerate(own)}
     scored = sorted((-restricted.saved_bytes(p), restricted.extra_time_s(p), p) for p in plans)
     menu = tuple(tuple(position[u] for u in p) for _, _, p in scored)
     return replace(layer_class, menu=menu, menu_time_s=tuple(t for _, t, _ in scored))
+
+
+def _menu_point(form: ILPModel, restricted: RecomputeProblem, cap_bytes: int, options: LayeredOptions):
+    """The least-time (then least-saved) plan saving at most `cap_bytes`, or None. Caps must fall
+    from call to call: each adds a row implying the ones before."""
+    form.add_saved_budget(cap_bytes)
+    solution = form.solve(time.perf_counter() + options.menu_time_limit_s)
+    if solution.status not in ("OPTIMAL", "FEASIBLE"):
+        return None
+    return restricted.effective_units(solution.units)
 
 
 def _regions(graph, labels: tuple[str, ...], layer_of: dict[str, int], n_layers: int) -> np.ndarray:
@@ -249,7 +274,7 @@ def _profile(problem: RecomputeProblem, decomposition: Decomposition, layer_of: 
     """``(saved per layer, excess per region (n_layers + 1), outside saved)`` of one plan, by simulation."""
     graph, n = problem.graph, decomposition.n_layers
     targets = {t for u in units for t in problem.units[u].tag_targets}
-    timeline = simulate_step(graph, targets)
+    timeline = simulate_step(graph, targets, by_kind=False)
     saved = np.zeros(n, dtype=np.int64)
     outside = 0
     storages = {problem.storage_of(t) for t in derive(graph, targets).saved} - {None}
@@ -268,24 +293,40 @@ def _profile(problem: RecomputeProblem, decomposition: Decomposition, layer_of: 
     return saved, excess, outside, timeline.peak_bytes
 
 
+MINCUT = "a min-cut plan"
+
+
+def _baselines(problem: RecomputeProblem, inside: tuple[str, ...]) -> list:
+    """Save-all, per-block checkpointing (`inside`) and the min-cut sweep's plans (blocks tied), evaluated."""
+    found = [("save-all", _evaluate(problem, ())), ("per-block checkpointing", _evaluate(problem, inside))]
+    ties = choose_ties(problem, None)
+    sweep = dict.fromkeys(problem.effective_units(units) for _, units in mincut_sweep(problem, 8, ties))
+    found += [(MINCUT, _evaluate(problem, units)) for units in sweep]
+    return found
+
+
 def _decompose(problem: RecomputeProblem, options: LayeredOptions) -> Decomposition:
     start = time.perf_counter()
-    n_layers, classes = _layer_classes(problem)
-    classes = [_menu(problem, c, options) for c in classes]
-    class_of = {k: i for i, c in enumerate(classes) for k in c.layers}
-    decomposition = Decomposition(n_layers, classes, class_of)
     layer_of = forward_layers(problem.graph)
+    n_layers, classes = _layer_classes(problem, layer_of)
+    baselines = _baselines(problem, tuple(u for c in classes for k in c.layers for u in c.units[k]))
+    whole_plans = tuple(dict.fromkeys(units for name, (units, *_) in baselines if name == MINCUT))
+    classes = [_menu(problem, c, options, whole_plans) for c in classes]
+    class_of = {k: i for i, c in enumerate(classes) for k in c.layers}
+    decomposition = Decomposition(n_layers, classes, class_of, baselines=baselines)
     saved = {k: [0] * len(classes[class_of[k]].menu) for k in range(n_layers)}
     excess = {k: [0] * len(classes[class_of[k]].menu) for k in range(n_layers)}
     head, outside = [], []
-    for c in classes:
-        for entry in range(len(c.menu)):
-            units = tuple(u for k in c.layers for u in c.units_of(k, entry))
-            layer_saved, layer_excess, outside_saved, _ = _profile(problem, decomposition, layer_of, units)
+    for entry in range(max(len(c.menu) for c in classes)):
+        # one simulation for the entry-th plan of every class (the last one where a menu is shorter)
+        picks = {i: min(entry, len(c.menu) - 1) for i, c in enumerate(classes)}
+        units = tuple(u for i, c in enumerate(classes) for k in c.layers for u in c.units_of(k, picks[i]))
+        layer_saved, layer_excess, outside_saved, _ = _profile(problem, decomposition, layer_of, units)
+        for i, c in enumerate(classes):
             for k in c.layers:
-                saved[k][entry], excess[k][entry] = int(layer_saved[k]), int(layer_excess[k])
-            head.append(int(layer_excess[n_layers]))
-            outside.append(outside_saved)
+                saved[k][picks[i]], excess[k][picks[i]] = int(layer_saved[k]), int(layer_excess[k])
+        head.append(int(layer_excess[n_layers]))
+        outside.append(outside_saved)
     decomposition.saved_bytes, decomposition.excess_bytes = saved, excess
     decomposition.head_excess_bytes, decomposition.outside_saved_bytes = max(head), max(outside)
     decomposition.build_time_s = time.perf_counter() - start
@@ -352,83 +393,6 @@ def _chain(decomposition: Decomposition, model_peak_bytes: int | None, activatio
 
 
 # --------------------------------------------------------------------------------------------
-# The lower bound (and polisher)
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TimeBound:
-    """A proven lower bound on the least recompute time under the budgets, and fitting plans met.
-
-    Attributes:
-        time_s: the bound (0.0 when nothing was proven); None: the budgets are proven infeasible.
-        optimal: the relaxation's optimum was found and fits the simulated peak (then it is optimal).
-        candidates: unit sets the relaxation returned (check them against the simulation).
-    """
-
-    time_s: float | None
-    optimal: bool = False
-    candidates: tuple[tuple[str, ...], ...] = ()
-
-
-def lower_bound(problem: RecomputeProblem, budgets: Budgets, options: LayeredOptions,
-                hint_units: tuple[str, ...] | None = None) -> TimeBound:
-    """Least time of the untied CP-SAT model under the peak model's rows (a relaxation of the
-    simulated peak): its proven bound is a lower bound on every plan's time under `budgets`."""
-    if options.bound_time_limit_s <= 0:
-        return TimeBound(0.0)
-    deadline = time.perf_counter() + options.bound_time_limit_s
-    ilp_options = ILPOptions(time_quantum_s=options.time_quantum_s, num_workers=options.num_workers)
-    form = ILPModel(problem, Ties(), ilp_options)
-    if budgets.activation_bytes is not None:
-        form.add_saved_budget(budgets.activation_bytes)
-    rows: set[int] = set()
-    if budgets.peak_bytes is not None:
-        model = peak_model_of(problem)
-        rows = {int(np.argmax(model_live_bytes(problem, ()))), int(np.argmax(model.const)), len(problem.graph.forward_ops)}
-        if hint_units is not None:
-            rows.add(int(np.argmax(model_live_bytes(problem, hint_units))))
-        for event in rows:
-            form.add_peak_row(event, budgets.peak_bytes)
-    form.cp.minimize(form.time_expr())
-    # Op times are rounded to the quantum in the model: a rounded-up time could lift the bound above
-    # the true least time by at most the sum of the roundings up.
-    quantum = options.time_quantum_s
-    slack_s = sum(max(0.0, round(problem.op_time_s[o] / quantum) * quantum - problem.op_time_s[o])
-                  for o in problem.rerunnable_ops)
-    best_bound, candidates, hint = 0.0, [], None
-    while time.perf_counter() < deadline:
-        # Half the time left per solve: a plan that breaks a row then still leaves time to add it.
-        solution = form.solve(min(deadline, time.perf_counter() + max(0.5, (deadline - time.perf_counter()) / 2)), hint)
-        if solution.status == "INFEASIBLE":
-            return TimeBound(None)
-        if solution.status not in ("OPTIMAL", "FEASIBLE"):
-            break
-        best_bound = max(best_bound, solution.bound * options.time_quantum_s - slack_s)
-        candidates.append(solution.units)
-        hint = solution
-        if budgets.peak_bytes is None:
-            return TimeBound(max(0.0, best_bound), solution.status == "OPTIMAL", tuple(candidates))
-        live = model_live_bytes(problem, solution.units)
-        event = int(np.argmax(live))
-        if live[event] > budgets.peak_bytes and event not in rows:
-            rows.add(event)
-            form.add_peak_row(event, budgets.peak_bytes)
-            continue
-        fits, over, _ = _simulated_violation(problem, solution.units, budgets.peak_bytes)
-        if fits:
-            return TimeBound(max(0.0, best_bound), solution.status == "OPTIMAL", tuple(candidates))
-        new_rows = [j for j in over if j not in form.schedule_rows]
-        if new_rows:  # the recompute schedule's liveness at that backward op: still a lower bound
-            form.schedule_rows.add(new_rows[0])
-            add_schedule_row(form, new_rows[0], budgets.peak_bytes)
-        else:  # this plan does not fit: cutting it off keeps every fitting plan
-            form.add_no_good(solution)
-            hint = None
-    return TimeBound(max(0.0, best_bound), False, tuple(candidates))
-
-
-# --------------------------------------------------------------------------------------------
 # The solver
 # --------------------------------------------------------------------------------------------
 
@@ -437,7 +401,7 @@ def _evaluate(problem: RecomputeProblem, units) -> tuple[tuple[str, ...], int, i
     """``(units, saved bytes, simulated peak, extra time)`` of a unit set."""
     units = problem.effective_units(units)
     targets = {t for u in units for t in problem.units[u].tag_targets}
-    peak = simulate_step(problem.graph, targets).peak_bytes
+    peak = simulate_step(problem.graph, targets, by_kind=False).peak_bytes
     return units, problem.saved_bytes(units), peak, problem.extra_time_s(units)
 
 
@@ -467,13 +431,14 @@ def _chain_plans(problem: RecomputeProblem, decomposition: Decomposition, budget
 
 
 def least_peak_units(problem: RecomputeProblem, options: LayeredOptions = LayeredOptions()) -> tuple[str, ...]:
-    """The chain's plan of least estimated peak (checked by simulation against per-block
-    checkpointing, the least-peak plan of the two is returned)."""
+    """The least-peak plan among the chain's plan of least estimated peak and the baselines (by
+    simulation; the faster on equal peaks)."""
     decomposition = decomposition_of(problem, options)
     choice = _chain(decomposition, None, None, options.chain_buckets, minimise_peak=True)
-    candidates = [decomposition.units(choice)] if choice is not None else []
-    candidates.append(tuple(u for c in decomposition.classes for k in c.layers for u in c.units[k]))
-    return min((_evaluate(problem, units) for units in candidates), key=lambda e: (e[2], e[3]))[0]
+    candidates = [found for _, found in decomposition.baselines]
+    if choice is not None:
+        candidates.append(_evaluate(problem, decomposition.units(choice)))
+    return min(candidates, key=lambda e: (e[2], e[3]))[0]
 
 
 def solve_layered(
@@ -497,14 +462,17 @@ def solve_layered(
     start = time.perf_counter()
     budgets = Budgets(activation_budget_bytes, peak_budget_bytes)
     decomposition = decomposition_of(problem, options)
-    inside = tuple(u for c in decomposition.classes for k in c.layers for u in c.units[k])
-    candidates = [("save-all", _evaluate(problem, ())), ("per-block checkpointing", _evaluate(problem, inside))]
+    candidates = list(decomposition.baselines)
+    if peak_budget_bytes is not None:  # the chain's least-peak plan meets budgets its time-least plans miss
+        candidates.append(("the least-peak plan found", _evaluate(problem, least_peak_units(problem, options))))
     candidates += [("the layer chain", found) for found in _chain_plans(problem, decomposition, budgets, options)]
     best = _fastest_fitting(candidates, budgets)
     if best is not None and best[1][3] == 0:
-        bound = TimeBound(0.0, True)  # nothing recomputed: optimal
+        bound = TimeBound(0.0, True, source="nothing recomputed")
     else:
-        bound = lower_bound(problem, budgets, options, best[1][0] if best else None)
+        bound = lower_bound(problem, budgets, time_limit_s=options.bound_time_limit_s,
+                            time_quantum_s=options.time_quantum_s, num_workers=options.num_workers,
+                            hint_units=best[1][0] if best else None)
         polished = _fastest_fitting([("the relaxation (CP-SAT)", _evaluate(problem, u)) for u in bound.candidates], budgets)
         if polished is not None and (best is None or polished[1][3] < best[1][3]):
             best = polished
@@ -519,7 +487,7 @@ def solve_layered(
     notes = [
         f"layered: {decomposition.n_layers} layers in {len(decomposition.classes)} classes (menus of {menus} plans, "
         f"built in {decomposition.build_time_s:.2f} s); the plan is {source}'s",
-        f"certified lower bound on recompute time: {bound_s * 1e3:.4f} ms (CP-SAT relaxation with the peak model's rows)",
+        f"certified lower bound on recompute time: {bound_s * 1e3:.4f} ms ({bound.source})",
     ]
     plan = problem.plan_for(units, solver="layered", status="optimal" if gap == 0.0 else "feasible", solve_time_s=0.0,
                             gap=gap, activation_budget_bytes=activation_budget_bytes,

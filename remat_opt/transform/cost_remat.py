@@ -83,7 +83,8 @@ class CostRemat(Transform):
             saved activations, transient tensors), in GB (10**9 bytes).
         activation_budget_gb: bound on the bytes saved for backward (inputs and parameters
             excluded), in GB.
-        solver: ``"auto"`` (ILP), ``"ilp"``, ``"mincut"``, ``"save_all"``, ``"recompute_all"`` or
+        solver: ``"auto"`` (layered from 8 repeated layers, else ILP), ``"ilp"``, ``"layered"``,
+            ``"mincut"``, ``"save_all"``, ``"recompute_all"`` or
             ``"per_block"`` (activation checkpointing of every repeated layer).
         cost_table: a measured cost table (path or `costmodels.table.CostTable`) from
             `remat-opt profile`, preferred over formulas where it has an entry; or ``"auto"``: at

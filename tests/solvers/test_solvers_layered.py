@@ -13,8 +13,10 @@ from remat_opt.core.problem import RecomputeProblem
 from remat_opt.planning.planner import AUTO_LAYERED_MIN_LAYERS, resolve_solver
 from remat_opt.solvers import SOLVERS, ILPOptions, LayeredOptions, solve_ilp, solve_layered
 from remat_opt.solvers.layered import decomposition_of, least_peak_units
+from remat_opt.solvers._common import Budgets
 from remat_opt.solvers.pareto import PEAK, sweep_budgets, sweep_points
-from synthetic import chain_graph, stacked_blocks_graph
+from remat_opt.solvers.time_bound import knapsack_time_bound
+from synthetic import chain_graph, random_problem, stacked_blocks_graph
 
 # Activations dominate the step (large block tensors, small gradients), as in a transformer.
 ACTIVATION_HEAVY = {"inner_numels": (512, 1024, 2048), "grad_numels": (16, 64)}
@@ -40,16 +42,21 @@ def _budgets(problem, fractions):
     return [int(low + f * (high - low)) for f in fractions]
 
 
-def test_menus_are_pareto_fronts_of_one_layer(problem):
+def test_menus_span_one_layer_from_saving_all_to_per_block(problem):
     decomposition = decomposition_of(problem, OPTIONS)
     assert decomposition.n_layers == 5 and len(decomposition.classes) == 1
     (layer_class,) = decomposition.classes
-    assert layer_class.menu[0] == () and len(layer_class.menu) >= 3
     layer = layer_class.representative
+    inside = layer_class.units[layer]
+    assert layer_class.menu[0] == () and len(layer_class.menu) >= 3
+    assert tuple(range(len(inside))) in layer_class.menu  # per-block checkpointing of the layer
     saved = decomposition.saved_bytes[layer]
-    # from saving most to saving least, each entry saving less costs more time
-    assert saved == sorted(saved, reverse=True)
-    assert list(layer_class.menu_time_s) == sorted(layer_class.menu_time_s)
+    assert saved == sorted(saved, reverse=True) and saved[-1] < saved[0]
+    # the times are the layer's own recompute times
+    for entry, time_s in enumerate(layer_class.menu_time_s):
+        assert time_s == pytest.approx(problem.extra_time_s(layer_class.units_of(layer, entry)), abs=1e-15)
+    # every layer of the class, profiled on the same plan, saves the same bytes (it is the same layer)
+    assert all(decomposition.saved_bytes[k] == saved for k in layer_class.layers)
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.1, 0.4, 0.8])
@@ -83,6 +90,7 @@ def test_decomposition_matches_the_exact_ilp_and_its_bound_contains_the_true_gap
                 continue
             plan = solve_layered(problem, peak_budget_bytes=budget, options=OPTIONS)
             bound_s = plan.extra_time_s * (1 - plan.gap)
+            assert knapsack_time_bound(problem, Budgets(None, budget)) <= exact.extra_time_s + 1e-12
             assert plan.extra_time_s >= exact.extra_time_s - 1e-12, (seed, budget)
             assert bound_s <= exact.extra_time_s + 1e-12, (seed, budget, bound_s, exact.extra_time_s)
             if plan.gap == 0.0:
@@ -142,3 +150,24 @@ def test_a_peak_sweep_starts_at_the_least_peak_and_never_slows_down(problem):
         assert p.peak_bytes <= p.swept_budget_bytes
     for low, high in zip(points, points[1:]):
         assert low.extra_time_s >= high.extra_time_s
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_knapsack_bound_never_exceeds_the_exact_optimum(seed):
+    """On random graphs (views, multi-output ops, nested units), at saved-bytes and peak budgets:
+    the knapsack bound is at most the ILP's proven optimum, and says "infeasible" (None) only where
+    the ILP finds no plan."""
+    problem = random_problem(seed)
+    save_all = SOLVERS["save_all"](problem)
+    recompute_all = SOLVERS["recompute_all"](problem)
+    for budgets in (Budgets(save_all.saved_bytes // 2, None), Budgets(recompute_all.saved_bytes, None),
+                    Budgets(None, (save_all.peak_bytes + recompute_all.peak_bytes) // 2)):
+        bound_s = knapsack_time_bound(problem, budgets)
+        try:
+            exact = solve_ilp(problem, activation_budget_bytes=budgets.activation_bytes,
+                              peak_budget_bytes=budgets.peak_bytes, options=ILPOptions(tie_blocks=False))
+        except InfeasibleBudgetError:
+            continue
+        assert bound_s is not None, (seed, budgets)
+        if exact.status == "optimal":
+            assert bound_s <= exact.extra_time_s + 1e-12, (seed, budgets, bound_s, exact.extra_time_s)

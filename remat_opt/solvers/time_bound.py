@@ -1,0 +1,188 @@
+"""Proven lower bounds on the least recompute time of any plan under a budget (the certified gap).
+
+Two relaxations of the simulated step peak, both built on `solvers.peak_model` (a lower bound on the
+simulated live bytes at every event, so every fitting plan meets its rows):
+
+* `knapsack_time_bound`: one event at a time as a fractional knapsack. Save-all's live bytes there
+  (exact in the peak model) beyond the budget must go; a storage save-all keeps alive there is gone
+  only if the op writing it reruns (a recomputed view needs its base alive, a recomputed copy is as
+  large, and what a plan adds only raises the need). Charging each op's time to the storages it
+  writes, the cheapest bytes per second first, gives a bound in milliseconds of arithmetic at any
+  graph size. The largest over a sample of events is the bound.
+* `lower_bound`: CP-SAT on the whole untied model (`solvers.ilp_model`) with the peak model's rows,
+  schedule rows (`solvers.schedule_rows`) and no-good cuts added where its answers break the
+  simulation, within a time limit; its proven objective bound. Its plans that fit are candidates
+  (the polisher). It also takes the knapsack bound, so it never reports less.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from remat_opt.core.problem import RecomputeProblem
+from remat_opt.solvers._common import Budgets
+from remat_opt.solvers.blocks import Ties
+from remat_opt.solvers.ilp_model import ILPModel, ILPOptions
+from remat_opt.solvers.ilp_peak import _simulated_violation, model_live_bytes
+from remat_opt.solvers.peak_model import peak_model_of
+from remat_opt.solvers.schedule_rows import add_schedule_row
+
+
+@dataclass(frozen=True, slots=True)
+class TimeBound:
+    """A proven lower bound on the least recompute time under the budgets, and fitting plans met.
+
+    Attributes:
+        time_s: the bound (0.0 when nothing was proven); None: the budgets are proven infeasible.
+        optimal: the relaxation's optimum was found and fits the simulated peak (then it is optimal).
+        candidates: unit sets the relaxation returned (check them against the simulation).
+        source: which relaxation gave `time_s`.
+    """
+
+    time_s: float | None
+    optimal: bool = False
+    candidates: tuple[tuple[str, ...], ...] = ()
+    source: str = "the knapsack bound"
+
+
+def lower_bound(problem: RecomputeProblem, budgets: Budgets, *, time_limit_s: float, time_quantum_s: float = 1e-8,
+                num_workers: int = 8, hint_units: tuple[str, ...] | None = None) -> TimeBound:
+    """Least time of the untied CP-SAT model under the peak model's rows (a relaxation of the
+    simulated peak), within `time_limit_s`: its proven bound, or the knapsack bound when larger, is
+    a lower bound on every plan's time under `budgets` (None: the budgets are proven infeasible)."""
+    knapsack_s = knapsack_time_bound(problem, budgets)
+    if knapsack_s is None:
+        return TimeBound(None)
+    if time_limit_s <= 0:
+        return TimeBound(knapsack_s)
+    deadline = time.perf_counter() + time_limit_s
+    source = "the knapsack bound"
+    ilp_options = ILPOptions(time_quantum_s=time_quantum_s, num_workers=num_workers)
+    form = ILPModel(problem, Ties(), ilp_options)
+    if budgets.activation_bytes is not None:
+        form.add_saved_budget(budgets.activation_bytes)
+    rows: set[int] = set()
+    if budgets.peak_bytes is not None:
+        model = peak_model_of(problem)
+        rows = {int(np.argmax(model_live_bytes(problem, ()))), int(np.argmax(model.const)), len(problem.graph.forward_ops)}
+        if hint_units is not None:
+            rows.add(int(np.argmax(model_live_bytes(problem, hint_units))))
+        for event in rows:
+            form.add_peak_row(event, budgets.peak_bytes)
+    form.cp.minimize(form.time_expr())
+    # Op times are rounded to the quantum in the model: a rounded-up time could lift the bound above
+    # the true least time by at most the sum of the roundings up.
+    quantum = time_quantum_s
+    slack_s = sum(max(0.0, round(problem.op_time_s[o] / quantum) * quantum - problem.op_time_s[o])
+                  for o in problem.rerunnable_ops)
+    best_bound, candidates, hint = knapsack_s, [], None
+    cp_sat = "the CP-SAT relaxation"
+    while time.perf_counter() < deadline:
+        # Half the time left per solve: a plan that breaks a row then still leaves time to add it.
+        solution = form.solve(min(deadline, time.perf_counter() + max(0.5, (deadline - time.perf_counter()) / 2)), hint)
+        if solution.status == "INFEASIBLE":
+            return TimeBound(None)
+        if solution.status not in ("OPTIMAL", "FEASIBLE"):
+            break
+        if solution.bound * quantum - slack_s > best_bound:
+            best_bound, source = solution.bound * quantum - slack_s, cp_sat
+        candidates.append(solution.units)
+        hint = solution
+        if budgets.peak_bytes is None:
+            return TimeBound(max(0.0, best_bound), solution.status == "OPTIMAL", tuple(candidates), source)
+        live = model_live_bytes(problem, solution.units)
+        event = int(np.argmax(live))
+        if live[event] > budgets.peak_bytes and event not in rows:
+            rows.add(event)
+            form.add_peak_row(event, budgets.peak_bytes)
+            continue
+        fits, over, _ = _simulated_violation(problem, solution.units, budgets.peak_bytes)
+        if fits:
+            return TimeBound(max(0.0, best_bound), solution.status == "OPTIMAL", tuple(candidates), source)
+        new_rows = [j for j in over if j not in form.schedule_rows]
+        if new_rows:  # the recompute schedule's liveness at that backward op: still a lower bound
+            form.schedule_rows.add(new_rows[0])
+            add_schedule_row(form, new_rows[0], budgets.peak_bytes)
+        else:  # this plan does not fit: cutting it off keeps every fitting plan
+            form.add_no_good(solution)
+            hint = None
+    return TimeBound(max(0.0, best_bound), False, tuple(candidates), source)
+
+
+def _storage_costs_s(problem: RecomputeProblem) -> dict[str, float]:
+    """Per forward storage, a share of the time of the op writing it (its base): that op reruns
+    whenever the storage is needed and not kept; an op's shares sum to its time. Storages written
+    by ops no allowed unit reruns cost infinity (they cannot be dropped)."""
+    graph, costs = problem.graph, {}
+    for op in graph.forward_ops:
+        own = [o for o in op.outputs if graph.tensors[o].storage == o and graph.tensors[o].kind != "input"]
+        share = float(problem.op_time_s.get(op.name, math.inf)) / len(own) if own else 0.0
+        rerunnable = op.name in problem.units_of_op
+        costs.update(dict.fromkeys(own, share if rerunnable else math.inf))
+    return costs
+
+
+def _fractional_knapsack_s(costs_s: np.ndarray, nbytes: np.ndarray, need_bytes: int) -> float | None:
+    """Least time dropping at least `need_bytes` (fractions allowed), cheapest per byte first; None
+    when even dropping every droppable storage does not free that much."""
+    if need_bytes <= 0:
+        return 0.0
+    finite = np.isfinite(costs_s)
+    costs_s, nbytes = costs_s[finite], nbytes[finite]
+    if nbytes.sum() < need_bytes:
+        return None
+    order = np.argsort(costs_s / np.maximum(nbytes, 1), kind="stable")
+    freed = np.cumsum(nbytes[order])
+    last = int(np.searchsorted(freed, need_bytes))  # the first storage that frees enough
+    before = freed[last - 1] if last else 0
+    partial = (need_bytes - before) / nbytes[order][last]
+    return float(costs_s[order][:last].sum() + partial * costs_s[order][last])
+
+
+def knapsack_time_bound(problem: RecomputeProblem, budgets: Budgets, max_rows: int = 40) -> float | None:
+    """A lower bound on the recompute time of every plan meeting `budgets` (None: none can).
+
+    Saved bytes: every needed storage of save-all beyond the budget must be dropped. Peak: at an
+    event of the peak model, what save-all keeps alive beyond the budget must be dropped; the rows
+    are the `max_rows` events where save-all's live bytes are highest, spread over the step.
+    """
+    costs = _storage_costs_s(problem)
+    bound = 0.0
+    if budgets.activation_bytes is not None:
+        storages = sorted({problem.storage_of(t) for t in problem.needed_by_backward} - {None})
+        nbytes = np.array([problem.storage_bytes(s) for s in storages], dtype=np.int64)
+        found = _fractional_knapsack_s(np.array([costs.get(s, math.inf) for s in storages]), nbytes,
+                                       int(nbytes.sum()) - budgets.activation_bytes)
+        if found is None:
+            return None
+        bound = found
+    if budgets.peak_bytes is None:
+        return bound
+    model = peak_model_of(problem)
+    live = model_live_bytes(problem, ())
+    if live.max() <= budgets.peak_bytes:
+        return bound
+    spacing = max(1, len(live) // (4 * max_rows))
+    rows: list[int] = []
+    for event in np.argsort(-live, kind="stable"):
+        if live[event] <= budgets.peak_bytes or len(rows) == max_rows:
+            break
+        if all(abs(int(event) - r) >= spacing for r in rows):
+            rows.append(int(event))
+    needed = set(problem.needed_by_backward)
+    for event in rows:
+        _, row = model.row(event)
+        # what save-all keeps alive here (a needed alias keeps it): to drop one, the op writing it
+        # reruns (a recomputed view needs its base alive; a recomputed copy is as large)
+        storages = [s for s, (_, aliases) in row.items() if needed.intersection(aliases)]
+        nbytes = np.array([row[s][0] for s in storages], dtype=np.int64)
+        found = _fractional_knapsack_s(np.array([costs.get(s, math.inf) for s in storages]), nbytes,
+                                       int(live[event]) - budgets.peak_bytes)
+        if found is None:
+            return None
+        bound = max(bound, found)
+    return bound
