@@ -71,12 +71,13 @@ def render_points(points: Sequence) -> str:
 
     kinds = {p.budget_kind for p in points}
     header = [f"{kinds.pop() if len(kinds) == 1 else 'swept'} budget GB", "peak GB", "saved GB", "extra ms", "tags",
-              "status"]
+              "status", "gap"]
     rows = []
     for p in points:
         r = point_row(p)
+        gap = "" if r["gap"] == "" else f"{float(r['gap']):.2%}"  # certified by the solver's lower bound
         rows.append([f"{p.swept_budget_bytes / GB:.4g}", f"{p.peak_bytes / GB:.4g}", f"{p.saved_bytes / GB:.4g}",
-                     f"{p.extra_time_s * 1e3:.3f}", str(r["recomputed_tags"]), str(r["solver_status"])])
+                     f"{p.extra_time_s * 1e3:.3f}", str(r["recomputed_tags"]), str(r["solver_status"]), gap])
     return "\n".join(render_table(rows, header))
 
 

@@ -20,15 +20,10 @@ from remat_opt.costing.graph_costs import CostModel
 from costmodels.formulas import SDPA_FORMS
 from remat_opt.core.graph import JointGraph, OpNode
 from remat_opt.core.plan import RematPlan
-from remat_opt.planning.planner import PlanRequest, forward_op_times_s, sweep_problem
+from remat_opt.planning.planner import PlanRequest, forward_op_times_s, resolve_solver, solver_options, sweep_problem
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.core.report import saved_storage_owners, storage_kind
-from remat_opt.solvers import (
-    ILPOptions,
-    InfeasibleBudgetError,
-    ParetoPoint,
-    solve_ilp,
-)
+from remat_opt.solvers import SOLVERS, InfeasibleBudgetError, ParetoPoint
 from remat_opt.core.errors import GB
 from remat_opt.core.layers import find_repeated_blocks, forward_layer_labels
 
@@ -275,13 +270,16 @@ class BudgetOutcome:
 
 
 def plan_at_peak_gb(costed: CostedGraph, budget_gb: float, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S) -> RematPlan:
-    """The ILP plan under a step-peak budget (as `remat_opt.plan_graph(graph, budget_gb=..., device_spec=...)`).
+    """The plan under a step-peak budget, by the solver ``"auto"`` picks (as `remat_opt.plan_graph(graph,
+    budget_gb=..., device_spec=...)`: layered for deep graphs, else the ILP).
 
     Raises:
         InfeasibleBudgetError: the budget is below the smallest feasible peak (named in GB).
     """
+    solver = resolve_solver("auto", costed.problem)
+    options = solver_options(PlanRequest.create(time_limit_s=time_limit_s), solver)
     try:
-        return solve_ilp(costed.problem, peak_budget_bytes=round(budget_gb * GB), options=ILPOptions(time_limit_s=time_limit_s))
+        return SOLVERS[solver](costed.problem, peak_budget_bytes=round(budget_gb * GB), options=options)
     except InfeasibleBudgetError as e:
         raise e.to_gb() from e
 

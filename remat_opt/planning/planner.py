@@ -193,7 +193,8 @@ def resolve_solver(solver: str, problem: RecomputeProblem) -> str:
     return "layered" if max(layer_of.values(), default=-1) + 1 >= AUTO_LAYERED_MIN_LAYERS else "ilp"
 
 
-def _solver_options(request: PlanRequest, solver: str):
+def solver_options(request: PlanRequest, solver: str):
+    """The options object `solver` takes, from `request` (its time limit)."""
     if solver == "mincut":
         return MinCutOptions()
     if solver in FIXED_PLAN_SOLVERS:
@@ -236,7 +237,7 @@ def plan_step(graph: JointGraph, request: PlanRequest) -> PlannedStep:
                 problem,
                 activation_budget_bytes=request.activation_budget_bytes,
                 peak_budget_bytes=request.peak_budget_bytes,
-                options=_solver_options(request, solver),
+                options=solver_options(request, solver),
             )
         except InfeasibleBudgetError as e:
             raise e.to_gb() from e
@@ -273,7 +274,7 @@ def sweep_problem(problem: RecomputeProblem, request: PlanRequest, *, budget_kin
     if (n_points is None) == (budgets_bytes is None):
         raise ValueError("give n_points (evenly spaced budgets) or budgets_bytes (explicit ones), not both")
     solver = resolve_solver(request.solver, problem)
-    options = _solver_options(request, solver)
+    options = solver_options(request, solver)
     if budgets_bytes is None:
         if isinstance(n_points, bool) or not isinstance(n_points, int) or n_points < 2:
             raise ValueError(f"n_points must be at least 2 (an integer: least memory and save-all), got {n_points!r}")

@@ -164,17 +164,8 @@ def knapsack_time_bound(problem: RecomputeProblem, budgets: Budgets, max_rows: i
         return bound
     model = peak_model_of(problem)
     live = model_live_bytes(problem, ())
-    if live.max() <= budgets.peak_bytes:
-        return bound
-    spacing = max(1, len(live) // (4 * max_rows))
-    rows: list[int] = []
-    for event in np.argsort(-live, kind="stable"):
-        if live[event] <= budgets.peak_bytes or len(rows) == max_rows:
-            break
-        if all(abs(int(event) - r) >= spacing for r in rows):
-            rows.append(int(event))
     needed = set(problem.needed_by_backward)
-    for event in rows:
+    for event in knapsack_rows(problem, budgets.peak_bytes, max_rows):
         _, row = model.row(event)
         # what save-all keeps alive here (a needed alias keeps it): to drop one, the op writing it
         # reruns (a recomputed view needs its base alive; a recomputed copy is as large)
@@ -186,3 +177,17 @@ def knapsack_time_bound(problem: RecomputeProblem, budgets: Budgets, max_rows: i
             return None
         bound = max(bound, found)
     return bound
+
+
+def knapsack_rows(problem: RecomputeProblem, peak_budget_bytes: int, max_rows: int = 40) -> list[int]:
+    """Up to `max_rows` peak-model events where save-all's live bytes exceed the budget, highest
+    first, at least a quarter-row's share of the step apart."""
+    live = model_live_bytes(problem, ())
+    spacing = max(1, len(live) // (4 * max_rows))
+    rows: list[int] = []
+    for event in np.argsort(-live, kind="stable"):
+        if live[event] <= peak_budget_bytes or len(rows) == max_rows:
+            break
+        if all(abs(int(event) - r) >= spacing for r in rows):
+            rows.append(int(event))
+    return rows

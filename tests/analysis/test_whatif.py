@@ -263,8 +263,7 @@ def test_the_notebooks_parameters_reach_the_solver(h100, monkeypatch):
         seen.append(options.time_limit_s)
         return solve(*args, options=options, **kwargs)
 
-    monkeypatch.setattr(whatif, "solve_ilp", spy)  # plan_at_peak_gb
-    monkeypatch.setitem(solvers.SOLVERS, "ilp", spy)  # the sweep, through the planner
+    monkeypatch.setitem(solvers.SOLVERS, "ilp", spy)  # plan_at_peak_gb, and the sweep through the planner
     whatif.plan_at_peak_gb(h100, 1.0, time_limit_s=0.5)
     whatif.peak_sweep(h100, 2, time_limit_s=0.75)
     assert seen[0] == 0.5 and set(seen[1:]) == {0.75} and len(seen) > 1

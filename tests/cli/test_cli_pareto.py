@@ -46,7 +46,9 @@ def test_pareto_writes_png_svg_csv(budget, tmp_path, capsys):
             assert int(r["saved_bytes"]) <= int(r["swept_budget_bytes"])
         else:
             assert int(r["peak_bytes"]) <= int(r["swept_budget_bytes"])
-    assert len([line for line in stdout.splitlines() if line.endswith(("optimal", "feasible"))]) == len(rows)
+    statuses = [line.split()[5] for line in stdout.splitlines() if {"optimal", "feasible"} & set(line.split())]
+    assert len(statuses) == len(rows) and set(statuses) <= {"optimal", "feasible"}
+    assert "gap" in stdout and "%" in stdout  # each plan's certified gap
 
 
 def test_pareto_explicit_budgets(tmp_path, capsys):
