@@ -92,7 +92,9 @@ class LayerClass:
         representative: the layer whose menu the class uses.
         units: per layer of the class, its inside units in forward order (equal length).
         menu: plans of the representative as unit positions, from saving most to saving least.
-        menu_time_s: recompute time of each menu entry in one layer.
+        menu_time_s: recompute time of each menu entry in the representative layer.
+        menu_reruns: per entry, the ops it reruns, as (unit position, op position in the unit):
+            the same ops in every layer of the class (whose op times may differ).
     """
 
     layers: tuple[int, ...]
@@ -100,6 +102,7 @@ class LayerClass:
     units: dict[int, tuple[str, ...]]
     menu: tuple[tuple[int, ...], ...] = ()
     menu_time_s: tuple[float, ...] = ()
+    menu_reruns: tuple[tuple[tuple[int, int], ...], ...] = ()
 
     def units_of(self, layer: int, entry: int) -> tuple[str, ...]:
         return tuple(self.units[layer][i] for i in self.menu[entry])
@@ -114,6 +117,7 @@ class Decomposition:
         classes: the layer classes.
         class_of: layer -> index into `classes`.
         saved_bytes: [layer][entry] bytes the layer saves (storages it writes).
+        layer_time_s: [layer][entry] recompute time of the entry in that layer (its own op times).
         excess_bytes: [layer][entry] most live bytes in the layer's region less what earlier
             layers save.
         head_excess_bytes: the same for the region after the last layer's forward (all layers).
@@ -127,6 +131,7 @@ class Decomposition:
     classes: list[LayerClass]
     class_of: dict[int, int]
     saved_bytes: dict[int, list[int]] = field(default_factory=dict)
+    layer_time_s: dict[int, list[float]] = field(default_factory=dict)
     excess_bytes: dict[int, list[int]] = field(default_factory=dict)
     head_excess_bytes: int = 0
     outside_saved_bytes: int = 0
@@ -143,7 +148,7 @@ class Decomposition:
         return tuple(found)
 
     def time_s(self, layer: int, entry: int) -> float:
-        return self.classes[self.class_of[layer]].menu_time_s[entry]
+        return self.layer_time_s[layer][entry]
 
 
 _DECOMPOSITIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -192,7 +197,7 @@ def _menu(problem: RecomputeProblem, layer_class: LayerClass, options: LayeredOp
     layer's backward transient low."""
     own = layer_class.units[layer_class.representative]
     if not own:
-        return replace(layer_class, menu=((),), menu_time_s=(0.0,))
+        return replace(layer_class, menu=((),), menu_time_s=(0.0,), menu_reruns=((),))
     others = set(problem.allowed_units) - set(own)
     restricted = RecomputeProblem.from_graph(problem.graph, problem.op_time_s, pinned=problem.pinned | others)
     ilp_options = ILPOptions(time_quantum_s=options.time_quantum_s, num_workers=1, time_limit_s=options.menu_time_limit_s)
@@ -220,9 +225,18 @@ def _menu(problem: RecomputeProblem, layer_class: LayerClass, options: LayeredOp
             break
         plans.setdefault(units, None)
     position = {u: i for i, u in enumerate(own)}
+    op_position = {op: (i, j) for i, u in enumerate(own) for j, op in enumerate(problem.units[u].ops)}
     scored = sorted((-restricted.saved_bytes(p), restricted.extra_time_s(p), p) for p in plans)
     menu = tuple(tuple(position[u] for u in p) for _, _, p in scored)
-    return replace(layer_class, menu=menu, menu_time_s=tuple(t for _, t, _ in scored))
+    reruns = tuple(tuple(op_position[op] for op in restricted.demand(p)[2]) for _, _, p in scored)
+    return replace(layer_class, menu=menu, menu_time_s=tuple(t for _, t, _ in scored), menu_reruns=reruns)
+
+
+def _layer_times_s(problem: RecomputeProblem, layer_class: LayerClass, layer: int) -> list[float]:
+    """Each menu entry's recompute time in `layer`: the representative's rerun ops, by position."""
+    units = layer_class.units[layer]
+    return [sum(float(problem.op_time_s[problem.units[units[i]].ops[j]]) for i, j in reruns)
+            for reruns in layer_class.menu_reruns]
 
 
 def _menu_point(form: ILPModel, restricted: RecomputeProblem, cap_bytes: int, options: LayeredOptions):
@@ -328,6 +342,7 @@ def _decompose(problem: RecomputeProblem, options: LayeredOptions) -> Decomposit
         head.append(int(layer_excess[n_layers]))
         outside.append(outside_saved)
     decomposition.saved_bytes, decomposition.excess_bytes = saved, excess
+    decomposition.layer_time_s = {k: _layer_times_s(problem, classes[class_of[k]], k) for k in range(n_layers)}
     decomposition.head_excess_bytes, decomposition.outside_saved_bytes = max(head), max(outside)
     decomposition.build_time_s = time.perf_counter() - start
     return decomposition
