@@ -8,7 +8,10 @@ simulated live bytes at every event, so every fitting plan meets its rows):
   only if the op writing it reruns (a recomputed view needs its base alive, a recomputed copy is as
   large, and what a plan adds only raises the need). Charging each op's time to the storages it
   writes, the cheapest bytes per second first, gives a bound in milliseconds of arithmetic at any
-  graph size. The largest over a sample of events is the bound.
+  graph size. In the backward, a storage dropped there is rebuilt later from what its writer reads:
+  an input not alive there in save-all is kept (its bytes, shared among its readers) or rebuilt (its
+  writer's time); a Lagrangian multiplier prices the bytes, and every multiplier gives a bound. The
+  largest over a sample of events is the bound.
 * `lower_bound`: CP-SAT on the whole untied model (`solvers.ilp_model`) with the peak model's rows,
   schedule rows (`solvers.schedule_rows`) and no-good cuts added where its answers break the
   simulation, within a time limit; its proven objective bound. Its plans that fit are candidates
@@ -171,12 +174,60 @@ def knapsack_time_bound(problem: RecomputeProblem, budgets: Budgets, max_rows: i
         # reruns (a recomputed view needs its base alive; a recomputed copy is as large)
         storages = [s for s, (_, aliases) in row.items() if needed.intersection(aliases)]
         nbytes = np.array([row[s][0] for s in storages], dtype=np.int64)
-        found = _fractional_knapsack_s(np.array([costs.get(s, math.inf) for s in storages]), nbytes,
-                                       int(live[event]) - budgets.peak_bytes)
+        costs_s = np.array([costs.get(s, math.inf) for s in storages])
+        need_bytes = int(live[event]) - budgets.peak_bytes
+        found = _fractional_knapsack_s(costs_s, nbytes, need_bytes)
         if found is None:
             return None
+        if event > len(problem.graph.forward_ops):  # in the backward: what the reruns read stays alive or reruns
+            penalties = _input_penalties(problem, model, event, storages, costs)
+            found = max(found, _lagrangian_bound_s(costs_s, nbytes, need_bytes, penalties))
         bound = max(bound, found)
     return bound
+
+
+def _input_penalties(problem: RecomputeProblem, model, event: int, storages: list[str], costs: dict[str, float]):
+    """``(item, bytes, seconds)`` arrays: for each droppable storage (item), each storage its writer
+    reads that is not alive at `event` in save-all (neither droppable there nor read across it): a
+    plan dropping the item keeps that input alive at `event` (its bytes) or reruns its writer (its
+    time), each shared equally among the items whose writers read it."""
+    graph, producers = problem.graph, problem.graph.producers
+    index = {s: i for i, s in enumerate(storages)}
+    reads: dict[str, list[int]] = {}
+    for i, storage in enumerate(storages):
+        producer = producers.get(storage)
+        for name in dict.fromkeys(producer.inputs if producer is not None else ()):
+            source = problem.storage_of(name)
+            if source is None or source == storage or source in index:
+                continue
+            if any(first <= event <= last for first, last in model.covered.get(source, ())):
+                continue  # alive here whatever is decided
+            reads.setdefault(source, []).append(i)
+    items, nbytes, seconds = [], [], []
+    for source, readers in reads.items():
+        share = 1.0 / len(readers)
+        items.extend(readers)
+        nbytes.extend([graph.tensors[source].storage_bytes * share] * len(readers))
+        seconds.extend([costs.get(source, math.inf) * share] * len(readers))
+    return np.array(items, dtype=np.int64), np.array(nbytes, dtype=float), np.array(seconds, dtype=float)
+
+
+def _lagrangian_bound_s(costs_s: np.ndarray, nbytes: np.ndarray, need_bytes: int, penalties, n_grid: int = 200) -> float:
+    """max over multipliers (seconds per byte) of ``need * m + sum_i min(0, cost_i(m) - m * bytes_i)``,
+    where ``cost_i(m)`` adds, per input of item i, the cheaper of keeping it (``m`` x its bytes) or
+    rerunning its writer (its time): a lower bound for every multiplier (weak duality)."""
+    items, input_bytes, input_s = penalties
+    finite = np.isfinite(costs_s) & (nbytes > 0)
+    ratios = costs_s[finite] / nbytes[finite]
+    if not len(ratios) or need_bytes <= 0:
+        return 0.0
+    grid = np.unique(np.quantile(ratios, np.linspace(0.0, 1.0, n_grid)))
+    best = 0.0
+    for m in grid:
+        penalty = np.bincount(items, weights=np.minimum(m * input_bytes, input_s), minlength=len(costs_s))
+        terms = np.minimum(0.0, costs_s + penalty - m * nbytes)
+        best = max(best, float(need_bytes * m + terms[np.isfinite(terms)].sum()))
+    return best
 
 
 def knapsack_rows(problem: RecomputeProblem, peak_budget_bytes: int, max_rows: int = 40) -> list[int]:
