@@ -8,6 +8,7 @@ from remat_opt.core.errors import InfeasibleBudgetError, PlanCheckError
 from remat_opt.core.plan import RematPlan
 from remat_opt.core.checker import check_plan
 from remat_opt.core.problem import RecomputeProblem
+from remat_opt.core.simulation import simulate_step
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,3 +38,22 @@ def raise_if_over(plan: RematPlan, budgets: Budgets, *, minimum_saved: int, mini
         raise InfeasibleBudgetError("activation_budget_bytes", budgets.activation_bytes, minimum_saved, solver=plan.solver)
     if budgets.peak_bytes is not None and plan.peak_bytes > budgets.peak_bytes:
         raise InfeasibleBudgetError("peak_budget_bytes", budgets.peak_bytes, minimum_peak, solver=plan.solver)
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluated:
+    """A unit set with what it costs: saved bytes, simulated step peak (0 when not simulated) and
+    recompute time."""
+
+    units: tuple[str, ...]
+    saved_bytes: int
+    peak_bytes: int
+    extra_time_s: float
+
+
+def evaluate_units(problem: RecomputeProblem, units, *, with_peak: bool = True) -> Evaluated:
+    """`units` reduced to those that rerun something (`effective_units`), with their costs."""
+    units = problem.effective_units(units)
+    targets = {t for u in units for t in problem.units[u].tag_targets}
+    peak = simulate_step(problem.graph, targets, by_kind=False).peak_bytes if with_peak else 0
+    return Evaluated(units, problem.saved_bytes(units), peak, problem.extra_time_s(units))

@@ -42,7 +42,7 @@ from remat_opt.core.layers import LayerError, op_signature_codes
 from remat_opt.core.plan import RematPlan, derive
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.core.simulation import simulate_step
-from remat_opt.solvers._common import Budgets, InfeasibleBudgetError, checked
+from remat_opt.solvers._common import Budgets, Evaluated, InfeasibleBudgetError, checked, evaluate_units
 from remat_opt.solvers.baselines import forward_layers, inside_units_by_layer
 from remat_opt.solvers.blocks import Ties, choose_ties
 from remat_opt.solvers.ilp_model import ILPModel, ILPOptions
@@ -122,8 +122,9 @@ class Decomposition:
             layers save.
         head_excess_bytes: the same for the region after the last layer's forward (all layers).
         outside_saved_bytes: saved bytes of storages outside the layers (plan-independent here).
-        baselines: ``(name, (units, saved bytes, peak, extra time))`` of save-all, per-block
-            checkpointing and a min-cut sweep: plans the solver is never worse than.
+        baselines: ``(name, Evaluated)`` of save-all, per-block checkpointing and a min-cut sweep:
+            plans the solver is never worse than.
+        least_peak: the least-peak plan found (`least_peak_units`), once asked for.
         build_time_s: seconds spent building it.
     """
 
@@ -136,6 +137,7 @@ class Decomposition:
     head_excess_bytes: int = 0
     outside_saved_bytes: int = 0
     baselines: list = field(default_factory=list)
+    least_peak: Evaluated | None = None
     build_time_s: float = 0.0
 
     def entries(self, layer: int) -> int:
@@ -249,15 +251,37 @@ def _menu_point(form: ILPModel, restricted: RecomputeProblem, cap_bytes: int, op
     return restricted.effective_units(solution.units)
 
 
-def _regions(graph, labels: tuple[str, ...], layer_of: dict[str, int], n_layers: int) -> np.ndarray:
+@dataclass(frozen=True, slots=True)
+class _RegionKeys:
+    """What places a simulated event in a region, whatever the plan (built once per problem).
+
+    Attributes:
+        layer_of: forward op -> its layer.
+        head_ops: forward ops after the last layer's forward (final norm, head, loss).
+        backward_layer: backward op -> the highest layer whose forward tensors it reads (None: none).
+    """
+
+    layer_of: dict[str, int]
+    head_ops: frozenset[str]
+    backward_layer: dict[str, int | None]
+
+    @classmethod
+    def of(cls, graph, layer_of: dict[str, int], n_layers: int) -> _RegionKeys:
+        producers = graph.producers
+        last = max((op.index for op in graph.forward_ops if layer_of.get(op.name) == n_layers - 1), default=-1)
+        head = frozenset(op.name for op in graph.forward_ops if op.index > last and op.name not in layer_of)
+        backward = {}
+        for op in graph.backward_ops:
+            read = [layer_of.get(producers[n].name) for n in op.inputs if n in producers]
+            backward[op.name] = max((k for k in read if k is not None), default=None)
+        return cls(layer_of, head, backward)
+
+
+def _regions(labels: tuple[str, ...], keys: _RegionKeys, n_layers: int) -> np.ndarray:
     """The region of each simulated event: layer k's forward and backward are region k, what runs
     after the last layer's forward and before the last layer's backward (head, loss) region
     n_layers; a recomputation belongs to the op it precedes. The forward regions never fall, the
     backward ones never rise (a backward op's region: the highest layer whose forward tensors it reads)."""
-    producer = graph.producers
-    backward_ops = {op.name: op for op in graph.backward_ops}
-    forward_index = {op.name: op.index for op in graph.forward_ops}
-    last_layer_op = max((op.index for op in graph.forward_ops if layer_of.get(op.name) == n_layers - 1), default=-1)
     regions = np.empty(len(labels), dtype=np.int64)
     region, backward, pending = 0, False, []
     for i, label in enumerate(labels):
@@ -267,15 +291,14 @@ def _regions(graph, labels: tuple[str, ...], layer_of: dict[str, int], n_layers:
         if label == "backward start":
             backward, region = True, n_layers
         elif backward:
-            read = [layer_of.get(producer[n].name) for n in backward_ops[label].inputs if n in producer]
-            read = [k for k in read if k is not None]
-            if read:
-                region = min(region, max(read))
+            read = keys.backward_layer[label]
+            if read is not None:
+                region = min(region, read)
         else:
-            op_layer = layer_of.get(label)
+            op_layer = keys.layer_of.get(label)
             if op_layer is not None:
                 region = max(region, op_layer)
-            elif region == n_layers - 1 and forward_index[label] > last_layer_op:
+            elif region == n_layers - 1 and label in keys.head_ops:
                 region = n_layers
         regions[[*pending, i]] = region
         pending = []
@@ -283,39 +306,39 @@ def _regions(graph, labels: tuple[str, ...], layer_of: dict[str, int], n_layers:
     return regions
 
 
-def _profile(problem: RecomputeProblem, decomposition: Decomposition, layer_of: dict[str, int],
-             units: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, int, int]:
+def _profile(problem: RecomputeProblem, n_layers: int, keys: _RegionKeys,
+             units: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, int]:
     """``(saved per layer, excess per region (n_layers + 1), outside saved)`` of one plan, by simulation."""
-    graph, n = problem.graph, decomposition.n_layers
+    graph = problem.graph
     targets = {t for u in units for t in problem.units[u].tag_targets}
     timeline = simulate_step(graph, targets, by_kind=False)
-    saved = np.zeros(n, dtype=np.int64)
+    saved = np.zeros(n_layers, dtype=np.int64)
     outside = 0
     storages = {problem.storage_of(t) for t in derive(graph, targets).saved} - {None}
     producers = graph.producers
     for storage in storages:
-        layer = layer_of.get(producers[storage].name) if storage in producers else None
+        layer = keys.layer_of.get(producers[storage].name) if storage in producers else None
         if layer is None:
             outside += problem.storage_bytes(storage)
         else:
             saved[layer] += problem.storage_bytes(storage)
-    regions = _regions(graph, timeline.labels, layer_of, n)
+    regions = _regions(timeline.labels, keys, n_layers)
     live = np.asarray(timeline.live_bytes, dtype=np.int64)
     prefix = np.concatenate(([0], np.cumsum(saved)))  # prefix[k]: saved by layers < k
-    excess = np.full(n + 1, np.iinfo(np.int64).min // 4, dtype=np.int64)
+    excess = np.full(n_layers + 1, np.iinfo(np.int64).min // 4, dtype=np.int64)
     np.maximum.at(excess, regions, live - prefix[regions])
-    return saved, excess, outside, timeline.peak_bytes
+    return saved, excess, outside
 
 
 MINCUT = "a min-cut plan"
 
 
-def _baselines(problem: RecomputeProblem, inside: tuple[str, ...]) -> list:
+def _baselines(problem: RecomputeProblem, inside: tuple[str, ...]) -> list[tuple[str, Evaluated]]:
     """Save-all, per-block checkpointing (`inside`) and the min-cut sweep's plans (blocks tied), evaluated."""
-    found = [("save-all", _evaluate(problem, ())), ("per-block checkpointing", _evaluate(problem, inside))]
+    found = [("save-all", evaluate_units(problem, ())), ("per-block checkpointing", evaluate_units(problem, inside))]
     ties = choose_ties(problem, None)
     sweep = dict.fromkeys(problem.effective_units(units) for _, units in mincut_sweep(problem, 8, ties))
-    found += [(MINCUT, _evaluate(problem, units)) for units in sweep]
+    found += [(MINCUT, evaluate_units(problem, units)) for units in sweep]
     return found
 
 
@@ -324,18 +347,19 @@ def _decompose(problem: RecomputeProblem, options: LayeredOptions) -> Decomposit
     layer_of = forward_layers(problem.graph)
     n_layers, classes = _layer_classes(problem, layer_of)
     baselines = _baselines(problem, tuple(u for c in classes for k in c.layers for u in c.units[k]))
-    whole_plans = tuple(dict.fromkeys(units for name, (units, *_) in baselines if name == MINCUT))
+    whole_plans = tuple(dict.fromkeys(found.units for name, found in baselines if name == MINCUT))
     classes = [_menu(problem, c, options, whole_plans) for c in classes]
     class_of = {k: i for i, c in enumerate(classes) for k in c.layers}
     decomposition = Decomposition(n_layers, classes, class_of, baselines=baselines)
     saved = {k: [0] * len(classes[class_of[k]].menu) for k in range(n_layers)}
     excess = {k: [0] * len(classes[class_of[k]].menu) for k in range(n_layers)}
     head, outside = [], []
+    keys = _RegionKeys.of(problem.graph, layer_of, n_layers)
     for entry in range(max(len(c.menu) for c in classes)):
         # one simulation for the entry-th plan of every class (the last one where a menu is shorter)
         picks = {i: min(entry, len(c.menu) - 1) for i, c in enumerate(classes)}
         units = tuple(u for i, c in enumerate(classes) for k in c.layers for u in c.units_of(k, picks[i]))
-        layer_saved, layer_excess, outside_saved, _ = _profile(problem, decomposition, layer_of, units)
+        layer_saved, layer_excess, outside_saved = _profile(problem, n_layers, keys, units)
         for i, c in enumerate(classes):
             for k in c.layers:
                 saved[k][picks[i]], excess[k][picks[i]] = int(layer_saved[k]), int(layer_excess[k])
@@ -412,16 +436,8 @@ def _chain(decomposition: Decomposition, model_peak_bytes: int | None, activatio
 # --------------------------------------------------------------------------------------------
 
 
-def _evaluate(problem: RecomputeProblem, units) -> tuple[tuple[str, ...], int, int, float]:
-    """``(units, saved bytes, simulated peak, extra time)`` of a unit set."""
-    units = problem.effective_units(units)
-    targets = {t for u in units for t in problem.units[u].tag_targets}
-    peak = simulate_step(problem.graph, targets, by_kind=False).peak_bytes
-    return units, problem.saved_bytes(units), peak, problem.extra_time_s(units)
-
-
 def _chain_plans(problem: RecomputeProblem, decomposition: Decomposition, budgets: Budgets,
-                 options: LayeredOptions) -> list[tuple[tuple[str, ...], int, int, float]]:
+                 options: LayeredOptions) -> list[Evaluated]:
     """The chain's plans under the budgets: the model peak lowered by each simulated overshoot,
     then raised halfway back towards the last overshooting value while plans fit."""
     evaluated = []
@@ -430,11 +446,11 @@ def _chain_plans(problem: RecomputeProblem, decomposition: Decomposition, budget
         choice = _chain(decomposition, model_peak, budgets.activation_bytes, options.chain_buckets)
         if choice is None:
             break
-        found = _evaluate(problem, decomposition.units(choice))
+        found = evaluate_units(problem, decomposition.units(choice))
         evaluated.append(found)
         if budgets.peak_bytes is None:
             break
-        over = found[2] - budgets.peak_bytes
+        over = found.peak_bytes - budgets.peak_bytes
         if over > 0:
             high = model_peak
             model_peak -= over
@@ -448,12 +464,17 @@ def _chain_plans(problem: RecomputeProblem, decomposition: Decomposition, budget
 def least_peak_units(problem: RecomputeProblem, options: LayeredOptions = LayeredOptions()) -> tuple[str, ...]:
     """The least-peak plan among the chain's plan of least estimated peak and the baselines (by
     simulation; the faster on equal peaks)."""
-    decomposition = decomposition_of(problem, options)
-    choice = _chain(decomposition, None, None, options.chain_buckets, minimise_peak=True)
-    candidates = [found for _, found in decomposition.baselines]
-    if choice is not None:
-        candidates.append(_evaluate(problem, decomposition.units(choice)))
-    return min(candidates, key=lambda e: (e[2], e[3]))[0]
+    return _least_peak(problem, decomposition_of(problem, options), options).units
+
+
+def _least_peak(problem: RecomputeProblem, decomposition: Decomposition, options: LayeredOptions) -> Evaluated:
+    if decomposition.least_peak is None:  # kept with the decomposition: a sweep asks at every budget
+        choice = _chain(decomposition, None, None, options.chain_buckets, minimise_peak=True)
+        candidates = [found for _, found in decomposition.baselines]
+        if choice is not None:
+            candidates.append(evaluate_units(problem, decomposition.units(choice)))
+        decomposition.least_peak = min(candidates, key=lambda e: (e.peak_bytes, e.extra_time_s))
+    return decomposition.least_peak
 
 
 def solve_layered(
@@ -479,21 +500,22 @@ def solve_layered(
     decomposition = decomposition_of(problem, options)
     candidates = list(decomposition.baselines)
     if peak_budget_bytes is not None:  # the chain's least-peak plan meets budgets its time-least plans miss
-        candidates.append(("the least-peak plan found", _evaluate(problem, least_peak_units(problem, options))))
+        candidates.append(("the least-peak plan found", _least_peak(problem, decomposition, options)))
     candidates += [("the layer chain", found) for found in _chain_plans(problem, decomposition, budgets, options)]
     best = _fastest_fitting(candidates, budgets)
-    if best is not None and best[1][3] == 0:
+    if best is not None and best[1].extra_time_s == 0:
         bound = TimeBound(0.0, True, source="nothing recomputed")
     else:
         bound = lower_bound(problem, budgets, time_limit_s=options.bound_time_limit_s,
                             time_quantum_s=options.time_quantum_s, num_workers=options.num_workers,
-                            hint_units=best[1][0] if best else None)
-        polished = _fastest_fitting([("the relaxation (CP-SAT)", _evaluate(problem, u)) for u in bound.candidates], budgets)
-        if polished is not None and (best is None or polished[1][3] < best[1][3]):
+                            hint_units=best[1].units if best else None)
+        polished = _fastest_fitting([("the relaxation (CP-SAT)", evaluate_units(problem, u)) for u in bound.candidates], budgets)
+        if polished is not None and (best is None or polished[1].extra_time_s < best[1].extra_time_s):
             best = polished
     if best is None:
-        raise _infeasible(problem, budgets, options, bound)
-    source, (units, _, _, extra_s) = best
+        raise _infeasible(problem, budgets, options, bound, _least_peak(problem, decomposition, options))
+    source, found = best
+    units, extra_s = found.units, found.extra_time_s
     bound_s = extra_s if bound.time_s is None else min(bound.time_s, extra_s)
     gap = 0.0 if extra_s <= 0 or bound.optimal and source.startswith("the relaxation") else (extra_s - bound_s) / extra_s
     if options.bound_time_limit_s <= 0 and extra_s > 0:
@@ -513,21 +535,20 @@ def solve_layered(
 
 def _fastest_fitting(candidates, budgets: Budgets):
     """The ``(source, evaluation)`` of least time (then saved bytes) that meets `budgets`, or None."""
-    fits = [c for c in candidates if budgets.admits(c[1][1], c[1][2])]
-    return min(fits, key=lambda c: (c[1][3], c[1][1])) if fits else None
+    fits = [c for c in candidates if budgets.admits(c[1].saved_bytes, c[1].peak_bytes)]
+    return min(fits, key=lambda c: (c[1].extra_time_s, c[1].saved_bytes)) if fits else None
 
 
-def _infeasible(problem: RecomputeProblem, budgets: Budgets, options: LayeredOptions,
-                bound: TimeBound) -> InfeasibleBudgetError:
+def _infeasible(problem: RecomputeProblem, budgets: Budgets, options: LayeredOptions, bound: TimeBound,
+                least: Evaluated) -> InfeasibleBudgetError:
     """The error naming the least budget a plan was found for, and a proven lower bound."""
     if budgets.activation_bytes is not None:
         ilp_options = ILPOptions(time_limit_s=max(options.bound_time_limit_s, 1.0), tie_blocks=False,
                                  time_quantum_s=options.time_quantum_s)
-        least = minimum_saved_bytes(problem, ilp_options)
-        if budgets.activation_bytes < least:
-            return InfeasibleBudgetError("activation_budget_bytes", budgets.activation_bytes, least, None, "layered")
-    units = least_peak_units(problem, options)
-    least_peak = simulate_step(problem.graph, {t for u in units for t in problem.units[u].tag_targets}).peak_bytes
+        least_saved = minimum_saved_bytes(problem, ilp_options)
+        if budgets.activation_bytes < least_saved:
+            return InfeasibleBudgetError("activation_budget_bytes", budgets.activation_bytes, least_saved, None, "layered")
+    least_peak = least.peak_bytes
     proven = int(peak_model_of(problem).const.max())
     if bound.time_s is None:  # the relaxation proved the budget infeasible
         proven = max(proven, (budgets.peak_bytes or 0) + 1)

@@ -30,9 +30,8 @@ from networkx.algorithms.flow import boykov_kolmogorov
 
 from remat_opt.core.plan import RematPlan
 
-from remat_opt.core.simulation import simulate_peak_bytes
 from remat_opt.core.problem import RecomputeProblem
-from remat_opt.solvers._common import Budgets, InfeasibleBudgetError, checked
+from remat_opt.solvers._common import Budgets, InfeasibleBudgetError, checked, evaluate_units
 from remat_opt.solvers.blocks import Ties, choose_ties
 
 SOURCE, SINK = "source", "sink"
@@ -199,15 +198,8 @@ class _Candidate:
 
 
 def _evaluate(problem: RecomputeProblem, weight: float | None, units, with_peak: bool) -> _Candidate:
-    units = problem.effective_units(units)
-    targets = {t for u in units for t in problem.units[u].tag_targets}
-    return _Candidate(
-        weight=weight,
-        units=units,
-        saved_bytes=problem.saved_bytes(units),
-        peak_bytes=simulate_peak_bytes(problem.graph, targets) if with_peak else 0,
-        extra_time_s=problem.extra_time_s(units),
-    )
+    found = evaluate_units(problem, units, with_peak=with_peak)
+    return _Candidate(weight, found.units, found.saved_bytes, found.peak_bytes, found.extra_time_s)
 
 
 def _best_within(problem, budgets: Budgets, options: MinCutOptions, ties: Ties) -> _Candidate:

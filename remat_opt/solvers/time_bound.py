@@ -168,7 +168,7 @@ def knapsack_time_bound(problem: RecomputeProblem, budgets: Budgets, max_rows: i
     model = peak_model_of(problem)
     live = model_live_bytes(problem, ())
     needed = set(problem.needed_by_backward)
-    for event in knapsack_rows(problem, budgets.peak_bytes, max_rows):
+    for event in knapsack_rows(live, budgets.peak_bytes, max_rows):
         _, row = model.row(event)
         # what save-all keeps alive here (a needed alias keeps it): to drop one, the op writing it
         # reruns (a recomputed view needs its base alive; a recomputed copy is as large)
@@ -230,10 +230,9 @@ def _lagrangian_bound_s(costs_s: np.ndarray, nbytes: np.ndarray, need_bytes: int
     return best
 
 
-def knapsack_rows(problem: RecomputeProblem, peak_budget_bytes: int, max_rows: int = 40) -> list[int]:
-    """Up to `max_rows` peak-model events where save-all's live bytes exceed the budget, highest
-    first, at least a quarter-row's share of the step apart."""
-    live = model_live_bytes(problem, ())
+def knapsack_rows(live: np.ndarray, peak_budget_bytes: int, max_rows: int = 40) -> list[int]:
+    """Up to `max_rows` events where save-all's live bytes (`live`, per peak-model event) exceed the
+    budget, highest first, at least a quarter-row's share of the step apart."""
     spacing = max(1, len(live) // (4 * max_rows))
     rows: list[int] = []
     for event in np.argsort(-live, kind="stable"):
