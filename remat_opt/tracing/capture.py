@@ -79,6 +79,37 @@ def analyze(fn, *example_inputs, executors=None, transforms=(), collectives_in_f
     raise RuntimeError("the compilation finished without reaching the capture hook")
 
 
+def analyze_thunderfx(fn, *example_inputs, executors=None, **example_kwargs) -> g.JointGraph:
+    """The joint graph of `fn` as ThunderFX compiles it (``torch.compile`` with
+    ``thunder.dynamo.ThunderCompiler`` as the backend): Dynamo's graph, its parameters as inputs,
+    ``torch.utils.checkpoint`` turned into Thunder's checkpoint, then Thunder. Not run; works on meta.
+
+    What `analyze` gives for ``thunder.jit`` differs where Dynamo changes the program (a
+    checkpointed module, parameters as graph inputs). The graph is the first Thunder graph Dynamo
+    hands over; raises `ModelTraceError` when Dynamo splits `fn` or the compilation fails.
+    """
+    from thunder.dynamo import ThunderCompiler
+
+    capture = GraphCapture(stop=True)
+    backend = ThunderCompiler(executors=executors, transforms=[capture])
+    compiled = torch._dynamo.optimize(backend=backend)(fn)
+    try:
+        compiled(*example_inputs, **example_kwargs)
+    except Exception as e:  # Dynamo wraps the capture's stop in its own error
+        cause = e
+        while cause is not None and not isinstance(cause, _CaptureDone):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise ModelTraceError(f"ThunderFX tracing of {_describe(fn)} failed: {type(e).__name__}: {e}") from e
+    finally:
+        torch._dynamo.reset()
+    splits = [reason for info in backend.subgraph_infos for reason in info.split_reasons]
+    if capture.graph is None or splits:
+        what = f"Dynamo split it ({splits[0]})" if splits else "no Thunder graph was compiled"
+        raise ModelTraceError(f"ThunderFX tracing of {_describe(fn)}: {what}; trace a smaller module")
+    return capture.graph
+
+
 class ModelTraceError(RuntimeError):
     """The model could not be traced by Thunder (its forward raised, or inputs were invalid)."""
 
