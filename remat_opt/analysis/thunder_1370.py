@@ -160,9 +160,12 @@ def block_menu(case: BenchmarkCase, n_points: int = 8, *, time_limit_s: float = 
         plans += [case.block_plan(f"ILP at {p.swept_budget_bytes / 1e9:.2f} GB {what}", p.plan)
                   for p in points if p.plan is not None]
     plans.append(case.save_all())
-    unique = {}
+    unique = {}  # plans with the same tags, or the same terms and time, once
     for plan in plans:
-        unique.setdefault(frozenset(plan.tag_targets), plan)
+        a = plan.activations
+        key = (a.carried_bytes, a.forward_bytes, a.backward_bytes, a.end_bytes, round(plan.recompute_time_s, 9))
+        if frozenset(plan.tag_targets) not in {frozenset(p.tag_targets) for p in unique.values()}:
+            unique.setdefault(key, plan)
     return sorted(unique.values(), key=lambda p: -p.recompute_time_s)
 
 
@@ -184,13 +187,15 @@ class Assignment:
         return f"{self.first.label} in blocks 0-{n_blocks - self.n_last - 1}, {self.last.label} in the last {self.n_last}"
 
 
-def assignments(case: BenchmarkCase, menu: list[BlockPlan]) -> list[Assignment]:
-    """Every uniform plan, and every split where the last blocks save more than the first (their
-    backward runs first, before the gradient shards pile up): the frontier of peak against recompute time."""
+def assignments(case: BenchmarkCase, menu: list[BlockPlan], *, uniform_only: bool = False) -> list[Assignment]:
+    """Every uniform plan, and (unless `uniform_only`) every split where the last blocks save more
+    than the first (their backward runs first, before the gradient shards pile up). Under ThunderFX
+    every block runs one compiled graph, so only a uniform plan applies as is; a split needs one
+    graph per plan."""
     n = case.units.n_blocks
     out = []
     for i, first in enumerate(menu):
-        for last in menu[i:]:
+        for last in menu[i:] if not uniform_only else (first,):
             for n_last in range(0, n + 1) if last is not first else (0,):
                 plans = [first] * (n - n_last) + [last] * n_last
                 time_s = (n - n_last) * first.recompute_time_s + n_last * last.recompute_time_s
