@@ -6,7 +6,9 @@ The kernel is the ``python3`` kernel of the interpreter running the tests (the p
 holds what the README's figures use (the nvFuser stand-in from 4 traced layers, 8 budgets, 10 s),
 and the suite replaces it with `CHEAP_PARAMETERS`: 2 budgets each (least peak, save-all), a 1 s
 solver limit, and its cheapest graphs, 3 traced layers with the fused SDPA alone (the stand-in needs
-4 traced layers and twice the tracing time). Every cell still runs, in under two minutes on 2 cores.
+4 traced layers and twice the tracing time), Llama-2-7b in the place of all three models (one trace:
+the other two come from the run's graph cache, ``REMAT_OPT_GRAPH_CACHE``, tests/conftest.py). Every
+cell still runs, in about a minute on 2 cores.
 The stand-in graphs the notebook uses by default are checked by `tests/core/test_deepen.py`
 (extension) and `tests/analysis/test_whatif.py` (the notebook's analyses on them).
 """
@@ -20,7 +22,8 @@ nbclient = pytest.importorskip("nbclient")
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 CELL_TIMEOUT_S = 600
-CHEAP_PARAMETERS = 'SWEEP_POINTS = 2\nTIME_LIMIT_S = 1.0\nTRACED_LAYERS = 3\nEXECUTORS = "fused-sdpa"\n'
+CHEAP_PARAMETERS = ('SWEEP_POINTS = 2\nTIME_LIMIT_S = 1.0\nTRACED_LAYERS = 3\nEXECUTORS = "fused-sdpa"\n'
+                    'MODEL_NAMES = ("Llama-2-7b-hf",) * 3\n')
 
 
 def _listed_notebooks() -> list[str]:
