@@ -255,19 +255,18 @@ class _SatelliteWriter:
 
     def __init__(self, layers: Layers, renamer: _Renamer, writer: _OpWriter):
         self.layers, self.renamer, self.writer = layers, renamer, writer
-        self._twins: dict[str, OpNode] | None = None
+        self._twins: dict[int, dict[str, OpNode]] = {}  # layer -> its satellites' template counterparts
 
     def _in_template(self, op: OpNode) -> OpNode:
         """`op`'s counterpart among the template's satellites (`op` itself when it is one)."""
-        template = self.renamer.template
-        if self.layers.satellite_layer[op.name] == template:
+        template, layer = self.renamer.template, self.layers.satellite_layer[op.name]
+        if layer == template:
             return op
-        if self._twins is None:
-            self._twins = {a.name: b for a, b in _satellite_twins(self.layers, template - 1, template)}
-        if op.name not in self._twins:
-            raise DeepenError(f"{op.name} ({op.symbol}) of layer {template - 1} has no counterpart among layer {template}'s "
+        twins = self._twins.setdefault(layer, {a.name: b for a, b in _satellite_twins(self.layers, layer, template)})
+        if op.name not in twins:
+            raise DeepenError(f"{op.name} ({op.symbol}) of layer {layer} has no counterpart among layer {template}'s "
                               "satellites: the layers' collectives differ")
-        return self._twins[op.name]
+        return twins[op.name]
 
     def write(self, op: OpNode, group: int) -> None:
         """Writes, into extended `group`, the counterpart of `op` (a satellite) that the group holds."""

@@ -244,7 +244,7 @@ def _feeders(graph: JointGraph, op_layer: dict[str, int]) -> dict[str, tuple[int
                 break
         else:
             lag = min(backward) - min(forward) if forward and backward else 0
-            if readers and len(forward) <= 1 and len(backward) <= 1 and lag in (0, 1):
+            if readers and len(forward) <= 1 and len(backward) <= 1 and lag in (-1, 0, 1):
                 reads[op.name] = (forward, backward)
     return {name: (min(forward or backward), min(backward or forward)) for name, (forward, backward) in reads.items()}
 
