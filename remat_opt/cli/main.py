@@ -367,7 +367,7 @@ def cmd_pareto(args: argparse.Namespace) -> int:
         try:
             points = sweep(graph, request, budget_kind=budget_kind, budgets_bytes=[round(gb * 1e9) for gb in budgets_gb])
         except InfeasibleBudgetError as e:
-            raise e.to_gb(_BUDGET_FLAGS[e.kind]) from e
+            raise e.to_gb(_BUDGET_FLAGS[e.kind], _lower_floor_hint(args, e)) from e
     title = _title(spec, request, graph, given_options(args))
     csv_path = write_csv(points, out / "pareto.csv")
     png_path, svg_path = plot_curve(points, out / "pareto.png", out / "pareto.svg", title)
@@ -375,6 +375,16 @@ def cmd_pareto(args: argparse.Namespace) -> int:
     print(render_points(points))
     print(f"\nwrote {csv_path}, {png_path}, {svg_path}")
     return 0
+
+
+def _lower_floor_hint(args: argparse.Namespace, error: InfeasibleBudgetError) -> str:
+    """Under FSDP in Thunder's order, a step-peak minimum is set by every unsharded weight alive at
+    once: say which option lowers it."""
+    if (getattr(args, "strategy", None) == "fsdp" and getattr(args, "collectives_in_flight", None) is None
+            and error.kind == "peak_budget_bytes"):
+        return ("Thunder's order of FSDP collectives (every all-gather issued at the forward's start) sets that "
+                "floor: --collectives-in-flight 1 lowers it")
+    return ""
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -394,7 +404,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         step = plan_step(graph, request)
     except InfeasibleBudgetError as e:
-        raise e.to_gb(_BUDGET_FLAGS[e.kind]) from e
+        raise e.to_gb(_BUDGET_FLAGS[e.kind], _lower_floor_hint(args, e)) from e
     explanation = explain_step(step)
     if args.json:
         print(json.dumps(explanation.to_dict(), indent=2, default=str))

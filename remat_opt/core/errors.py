@@ -32,14 +32,15 @@ class InfeasibleBudgetError(ValueError):
             when it is exact), in bytes.
         solver: the solver that gave up.
         in_gb: whether the message speaks in GB (the unit of `CostRemat` and `plan_graph`).
+        hint: what else would lower the minimum (an option of the caller's), ending the message.
     """
 
     def __init__(self, kind: str, budget: int, minimum: int, lower_bound: int | None = None, solver: str = "",
-                 *, in_gb: bool = False, option: str | None = None):
+                 *, in_gb: bool = False, option: str | None = None, hint: str = ""):
         self.kind, self.budget, self.minimum, self.solver, self.in_gb = kind, budget, minimum, solver, in_gb
-        self.option = option or _GB_OPTION.get(kind, kind)
+        self.option, self.hint = option or _GB_OPTION.get(kind, kind), hint
         self.lower_bound = minimum if lower_bound is None else lower_bound
-        super().__init__(self._message())
+        super().__init__(self._message() + (f"; {hint}" if hint else ""))
 
     def _message(self) -> str:
         """Names the minimum; when it is not proven (the least a search found), says so and gives the bound."""
@@ -57,11 +58,12 @@ class InfeasibleBudgetError(ValueError):
         return (f"{where}{option}={self.budget / GB:g} is below the least found, {_gb_up(self.minimum)} GB{exact}; "
                 f"no plan can go below {_gb_up(self.lower_bound)} GB (proven): {advice}")
 
-    def to_gb(self, option: str | None = None) -> InfeasibleBudgetError:
+    def to_gb(self, option: str | None = None, hint: str = "") -> InfeasibleBudgetError:
         """The same error with its message in GB, naming the budget as `option` (default: the
-        keyword users give, ``budget_gb`` or ``activation_budget_gb``; the CLI passes its flag)."""
+        keyword users give, ``budget_gb`` or ``activation_budget_gb``; the CLI passes its flag),
+        ending with `hint` (default: this error's)."""
         return InfeasibleBudgetError(self.kind, self.budget, self.minimum, self.lower_bound, self.solver, in_gb=True,
-                                     option=option)
+                                     option=option, hint=hint or self.hint)
 
 
 class PlanCheckError(AssertionError):

@@ -120,11 +120,14 @@ def test_plan_json(capsys):
         (["plan", *TINY], "meta graphs need --device-spec"),
         (["plan", *TINY, "--device-spec", "h100", "--budget-gb", "0.000001"],
          "--budget-gb=1e-06 is below the minimum feasible"),
+        (["plan", *TINY, "--device-spec", "h100", "--world-size", "2", "--strategy", "fsdp", "--budget-gb", "0.000001"],
+         "sets that floor: --collectives-in-flight 1 lowers it"),
         (["pareto", *TINY, "--device-spec", "h100", "--sweep", "peak", "--activation-budget-gb", "1"],
          "--activation-budget-gb gives activation budgets; --sweep peak contradicts it"),
     ],
     ids=["unknown-spec", "one-point", "empty-budgets", "blank-budget", "negative-budget", "nan-budget",
          "negative-budget-gb", "negative-activation", "unknown-spec-plan", "no-spec", "infeasible",
+         "infeasible-fsdp-names-collectives-in-flight",
          "sweep-contradicts-budgets"],
 )
 def test_bad_input_gets_one_line_error(argv, message, capsys):
