@@ -111,3 +111,32 @@ def test_saving_more_in_a_block_raises_every_later_event_by_its_carried_bytes():
 def test_a_wrong_number_of_block_plans_is_refused():
     with pytest.raises(ValueError, match="3 block plans for 4 blocks"):
         predict_fsdp1_iteration(_units(), [BlockActivations(1, 1, 1, 1)] * 3, HeadShapes(4, 4))
+
+
+# --- CostRemat's options in that iteration (the tiny "blocks" config, no ranks) ---------------
+
+
+def test_block_menu_and_assignments_price_every_plan_and_pick_the_fastest_that_fits(predicted):
+    from remat_opt.analysis.thunder_1370 import assignments, block_menu, fastest_under
+
+    case, _ = predicted["blocks"]
+    menu = block_menu(case, n_points=3, time_limit_s=5.0)
+    times = [p.recompute_time_s for p in menu]
+    assert times == sorted(times, reverse=True) and times[-1] == 0.0  # slowest first, save-all last
+    assert menu[-1].activations.carried_bytes > menu[0].activations.carried_bytes
+    tagged = [p for p in menu if p.tag_targets != ("*",)]
+    uniform = assignments(case, tagged, uniform_only=True)
+    mixed = assignments(case, tagged)
+    assert len(uniform) == len(tagged) and len(mixed) > len(uniform)
+    for a in mixed:  # each assignment's time is its blocks' recompute, its peak the walk's
+        n = case.units.n_blocks
+        assert a.recompute_time_s == pytest.approx((n - a.n_last) * a.first.recompute_time_s
+                                                   + a.n_last * a.last.recompute_time_s)
+    least = min(a.prediction.peak_bytes for a in mixed)
+    assert fastest_under(mixed, least - 1) is None
+    budgets = sorted({a.prediction.peak_bytes for a in mixed})
+    chosen = [fastest_under(mixed, b) for b in budgets]
+    assert all(c.prediction.peak_bytes <= b for c, b in zip(chosen, budgets))
+    assert [c.recompute_time_s for c in chosen] == sorted((c.recompute_time_s for c in chosen), reverse=True)
+    # save-all on every block fits only the largest budget, and costs nothing
+    assert chosen[-1].recompute_time_s == 0.0

@@ -227,3 +227,18 @@ def test_offline_plan_and_pareto_on_the_graph():
     assert [p.extra_time_s for p in points] == sorted((p.extra_time_s for p in points), reverse=True)
     with pytest.raises(ValueError, match="n_points must be at least 2"):
         remat_opt.pareto_curve(graph, 1, device_spec="cpu")
+
+
+def test_thunderfx_graph_of_a_block_is_the_one_its_compilation_saves_from():
+    from thunder.dynamo import ThunderCompiler
+
+    from remat_opt.tracing.capture import ModelTraceError, analyze_thunderfx
+
+    model, (x,) = block(batch=2, seq=32)
+    graph = analyze_thunderfx(model, x, executors=executor_list("fused"))
+    real = torch._dynamo.optimize(backend=ThunderCompiler(executors=executor_list("fused")))(model)
+    measured = measure_saved_bytes(real, x)
+    torch._dynamo.reset()
+    assert graph.saved_activation_bytes == measured.activation_bytes
+    with pytest.raises(ModelTraceError, match="ThunderFX tracing of Linear failed"):
+        analyze_thunderfx(torch.nn.Linear(4, 4).requires_grad_(False), torch.zeros(2, 4))
