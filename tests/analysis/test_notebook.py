@@ -45,6 +45,7 @@ def test_notebook_is_committed_without_outputs(name):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a minute of tracing and sweeps: out of the README's test command
 @pytest.mark.parametrize("name", _listed_notebooks())
 def test_notebook_executes(name):
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)

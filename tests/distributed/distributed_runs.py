@@ -284,14 +284,14 @@ def run_rank(rank: int, port: int, out_dir: str, cases: list, model_spec: tuple 
         dist.destroy_process_group()
 
 
-def spawn(cases: list, out_dir: str, timeout_s: float = 420.0, model_spec: tuple = (MODEL, None)) -> list[dict]:
-    """Runs `cases` on 2 gloo ranks; returns each rank's results (raises on a hang or a crash)."""
-    import torch.multiprocessing as mp
-
-    context = mp.start_processes(run_rank, args=(free_port(), out_dir, cases, model_spec), nprocs=WORLD_SIZE,
-                                 join=False, start_method="spawn")
+def spawn_ranks(run, args: tuple, out_dir: str, timeout_s: float) -> list:
+    """Runs ``run(rank, port, *args)`` on `WORLD_SIZE` spawned gloo ranks; returns each rank's JSON
+    results from ``out_dir/rank{r}.json`` (kills the ranks and raises on a hang, raises on a crash)."""
     import time
 
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(run, args=(free_port(), *args), nprocs=WORLD_SIZE, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
     while not context.join(timeout=max(deadline - time.monotonic(), 0.1)):
         if time.monotonic() > deadline:
@@ -299,3 +299,8 @@ def spawn(cases: list, out_dir: str, timeout_s: float = 420.0, model_spec: tuple
                 p.kill()
             raise TimeoutError(f"2-rank run did not finish in {timeout_s:.0f} s")
     return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
+
+
+def spawn(cases: list, out_dir: str, timeout_s: float = 420.0, model_spec: tuple = (MODEL, None)) -> list[dict]:
+    """Runs `cases` on 2 gloo ranks; returns each rank's results (raises on a hang or a crash)."""
+    return spawn_ranks(run_rank, (out_dir, cases, model_spec), out_dir, timeout_s)

@@ -112,18 +112,6 @@ def run_rank(rank: int, port: int, out_dir: str, names: list[str]) -> None:
 
 def spawn(names: list[str], out_dir: str, timeout_s: float = 300.0) -> list[list[dict]]:
     """Runs `names` of `CONFIGS` on 2 gloo ranks; returns each rank's results (raises on a hang)."""
-    import time
+    from distributed_runs import spawn_ranks
 
-    import torch.multiprocessing as mp
-
-    from distributed_runs import free_port
-
-    context = mp.start_processes(run_rank, args=(free_port(), out_dir, names), nprocs=WORLD_SIZE,
-                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    while not context.join(timeout=max(deadline - time.monotonic(), 0.1)):
-        if time.monotonic() > deadline:
-            for p in context.processes:
-                p.kill()
-            raise TimeoutError(f"the 2-rank FSDP1 run did not finish in {timeout_s:.0f} s")
-    return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
+    return spawn_ranks(run_rank, (out_dir, names), out_dir, timeout_s)

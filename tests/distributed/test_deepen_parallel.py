@@ -16,7 +16,8 @@ from remat_opt.models.by_name import ModelSpec
 from remat_opt.core.simulation import simulate_peak_bytes
 from remat_opt.solvers import ILPOptions
 
-pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast subset is -m "not slow")
+pytestmark = [pytest.mark.slow,  # Thunder compilations: minutes in all (the fast subset is -m "not slow")
+              pytest.mark.extended]  # two minutes of FSDP/DDP traces: out of the README's test command
 
 # id: (strategy, executors, traced layers, depth). The nvFuser stand-in (the default on meta) needs 4
 # traced layers: its regions span layer boundaries, and a layer's first norm weight is gathered with

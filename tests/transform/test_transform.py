@@ -238,6 +238,7 @@ def _torch_compile_executors(order: str) -> list:
     return [remat_opt.sdpa_cpu_ex, torch_compile_ex, *thunder.get_default_executors()]
 
 
+@pytest.mark.extended  # inductor compiles on the CPU (~30-55 s): out of the README's test command
 @pytest.mark.parametrize(("order", "name", "fraction"), [("torch-compile-first", "block", 0.5)])
 def test_torch_compile_executor_family(order, name, fraction):
     """With a fusion executor, budgets are fractions of *that configuration's own* save-all.
