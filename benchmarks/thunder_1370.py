@@ -31,7 +31,6 @@ from remat_opt.analysis.thunder_1370 import (THUNDER_1261_LLAMA3_70B, THUNDER_13
                                              fastest_under)
 
 GB = 1e9
-ALIVE_BEFORE = ("parameter shards", "AdamW moments", "buffers", "workspace", "previous logits")
 
 
 def cpu_check() -> list[str]:
@@ -47,7 +46,7 @@ def cpu_check() -> list[str]:
         c = CONFIGS[name]
         case = case_of_config(litgpt_config(name), seq=c["seq"], world_size=WORLD_SIZE, dtype="float32", device="cpu")
         prediction = case.predict(case.checkpoint())
-        predicted = prediction.peak_bytes - sum(prediction.terms.get(t, 0) for t in ALIVE_BEFORE)
+        predicted = prediction.allocated_during_bytes
         measured = result["peak_delta_bytes"]
         rows.append([name, f"{c['n_layer']} blocks, MLP {c['intermediate_size']}, vocab {c['vocab_size']}, "
                      f"seq {c['seq']}", prediction.peak_event, f"{measured:,}", f"{predicted:,}",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from remat_opt.analysis.training_step import CUBLAS_WORKSPACE_BYTES as TRAINING_STEP_CUBLAS_WORKSPACE_BYTES
 from remat_opt.analysis.torch_fsdp import (BlockActivations, Fsdp1Units, HeadShapes, IterationPrediction,
                                            predict_fsdp1_iteration)
 from remat_opt.core.graph import JointGraph
@@ -29,7 +30,7 @@ THUNDER_1370_MEMORY_GB = {"Llama-3-70B": 78.77}
 # The same flags run the next day (PR #1261's thread, 2024-10-31, container 20241028) recorded
 # Llama-3-70B as out of memory with ThunderFX and with Inductor.
 THUNDER_1261_LLAMA3_70B = "OOM with thunder+dynamo and with inductor"
-CUBLAS_WORKSPACE_BYTES = 4096 * 8 * 1024  # torch's default CUBLAS_WORKSPACE_CONFIG on sm90
+CUBLAS_WORKSPACE_BYTES = TRAINING_STEP_CUBLAS_WORKSPACE_BYTES["sm90"]  # H100s
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class BenchmarkCase:
         has the rerun ops in the backward)."""
         graph = self.checkpoint_graph
         activations = BlockActivations.from_graph(graph, (), hidden_input=graph.input_names[0])
-        rerun_s = _step_time_s(graph, self.costs.device_spec) - self.block_step_time_s
+        rerun_s = _step_time_s(graph, CostModel(graph, device_spec=self.costs.device_spec)) - self.block_step_time_s
         return BlockPlan("per-block checkpointing", ("*",), activations, rerun_s)
 
     def recompute_all(self) -> BlockPlan:
@@ -88,11 +89,10 @@ class BenchmarkCase:
     @property
     def block_step_time_s(self) -> float:
         """One block's forward and backward (save-all), from the cost model."""
-        return _step_time_s(self.block_graph, self.costs.device_spec)
+        return _step_time_s(self.block_graph, self.costs)
 
 
-def _step_time_s(graph: JointGraph, device_spec) -> float:
-    costs = CostModel(graph, device_spec=device_spec)
+def _step_time_s(graph: JointGraph, costs: CostModel) -> float:
     return sum(costs.op_cost(op).time_s for op in graph.ops)
 
 
@@ -160,13 +160,14 @@ def block_menu(case: BenchmarkCase, n_points: int = 8, *, time_limit_s: float = 
         plans += [case.block_plan(f"ILP at {p.swept_budget_bytes / 1e9:.2f} GB {what}", p.plan)
                   for p in points if p.plan is not None]
     plans.append(case.save_all())
-    unique = {}  # plans with the same tags, or the same terms and time, once
+    unique, seen = [], set()  # plans with the same terms and time (the same tags among them) once
     for plan in plans:
         a = plan.activations
         key = (a.carried_bytes, a.forward_bytes, a.backward_bytes, a.end_bytes, round(plan.recompute_time_s, 9))
-        if frozenset(plan.tag_targets) not in {frozenset(p.tag_targets) for p in unique.values()}:
-            unique.setdefault(key, plan)
-    return sorted(unique.values(), key=lambda p: -p.recompute_time_s)
+        if key not in seen:
+            seen.add(key)
+            unique.append(plan)
+    return sorted(unique, key=lambda p: -p.recompute_time_s)
 
 
 @dataclass(frozen=True)

@@ -41,11 +41,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from costmodels.formulas import ITEMSIZE
+from remat_opt.analysis.training_step import CUDA_BLOCK_BYTES
 from remat_opt.core.graph import JointGraph
 from remat_opt.core.plan import derive
 from remat_opt.core.simulation import round_up_bytes, simulate_step
 
-CUDA_BLOCK_BYTES = 512  # c10/cuda/CUDACachingAllocator.cpp: kMinBlockSize
 FLAT_PARAM_ALIGNMENT_BYTES = 16  # torch/distributed/fsdp/_flat_param.py: _get_aligned_numel
 
 
@@ -178,6 +178,16 @@ class IterationPrediction:
     terms: dict[str, int]
     event_bytes: dict[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+
+    @property
+    def allocated_during_bytes(self) -> int:
+        """Of `peak_bytes`, what the iteration itself allocated: without what was alive when it began
+        (shards, moments, buffers, workspace, the previous iteration's logits), as a profiler of the
+        iteration alone counts it."""
+        return self.peak_bytes - sum(self.terms.get(term, 0) for term in ALIVE_BEFORE_THE_ITERATION)
+
+
+ALIVE_BEFORE_THE_ITERATION = ("parameter shards", "AdamW moments", "buffers", "workspace", "previous logits")
 
 
 def predict_fsdp1_iteration(units: Fsdp1Units, block: BlockActivations | list[BlockActivations],
