@@ -31,6 +31,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import time
+import functools
 from functools import lru_cache
 from numbers import Number
 from pathlib import Path
@@ -124,18 +125,29 @@ def _checker(*args, **kwargs) -> bool:
     return all(_supported(a) for a in flat)
 
 
-def _region_callable(bsyms: list[BoundSymbol], inputs: list, outputs: list):
+class _RegionCallable:
     """Runs the region's ops through Thunder's torch executor (what `torch_compile.make_compiled`
-    builds, without torch.compile)."""
-    executable = region_program(bsyms, inputs, outputs, "nvfuser_standin_region")
-    run = executable.python_callable(include_decorators=False)
+    builds, without torch.compile). Built at the first call, as nvFuser's executor builds its fusion
+    definition at the first call (`FusionDefinitionWrapper`): Thunder's fusion pass calls `fuse`
+    twice per region, and CostRemat's dry runs never call the regions."""
 
-    def run_region(*args):
+    def __init__(self, bsyms: list[BoundSymbol], inputs: list, outputs: list):
+        self._parts = (list(bsyms), list(inputs), list(outputs))
+        self._run = None
+
+    @functools.cached_property
+    def member_trace(self):
+        """The region's executable trace (torch ops): what the region allocates for itself, for the peak."""
+        return region_program(*self._parts, "nvfuser_standin_region")
+
+    def __call__(self, *args):
+        if self._run is None:
+            self._run = self.member_trace.python_callable(include_decorators=False)
         # nvFuser writes every output to a fresh, contiguous allocation; torch ops may return views (of
         # an input, or of a larger intermediate whose whole storage a saved view would keep alive),
         # strided tensors (a transpose; its strides would decide whether a later reshape copies) and
         # the same tensor as two outputs
-        outs = run(*args)
+        outs = self._run(*args)
         seen = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
         fresh = []
         for o in outs:
@@ -146,9 +158,6 @@ def _region_callable(bsyms: list[BoundSymbol], inputs: list, outputs: list):
                 seen.add(o.untyped_storage().data_ptr())
             fresh.append(o)
         return type(outs)(fresh) if isinstance(outs, (tuple, list)) else fresh
-
-    run_region.member_trace = executable  # what the region allocates for itself, for the peak
-    return run_region
 
 
 class NvFuserStandIn(FusionExecutor):
@@ -169,7 +178,7 @@ class NvFuserStandIn(FusionExecutor):
         name = f"nvFusion{fusion_counter}"
         fusion = Symbol(name, meta=None, is_fusion=True, executor=self)
         return BoundSymbol(fusion, inputs, {}, outputs, region.bound_symbols,
-                           _call_ctx={name: _region_callable(region.bound_symbols, inputs, outputs)})
+                           _call_ctx={name: _RegionCallable(region.bound_symbols, inputs, outputs)})
 
     def fusion_pass(self, trace: TraceCtx) -> TraceCtx:
         from thunder.core import utils

@@ -145,6 +145,86 @@ def search_budgets(
     return SearchResult(best[0], best[1].realized, tuple(rounds))
 
 
+def search_with_model(
+    targets: Mapping[str, int],
+    plan_at: Callable[[dict[str, int]], object],
+    realize: Callable[[object], Realized],
+    extra_time_s: Callable[[object], float],
+    predict: Callable[[object], Realized],
+    observe: Callable[[object, Realized], None],
+    top_scale: float,
+    *,
+    plan_key: Callable[[object], object] = id,
+    max_checks: int = 3,
+    solves_per_check: int = 12,
+    close_fraction: float = 0.01,
+) -> SearchResult | None:
+    """Finds the least-time plan that holds `targets` with a model of Thunder's pass, and a dry run
+    per model answer as the check: the answer of `search_budgets` in one or two dry runs where the
+    model is right (`remat_opt.planning.fusion_model`).
+
+    Each check: solve at solver budgets ``scale * target`` (bisection over `scale` in [0, `top_scale`],
+    `solves_per_check` solves), keep the least-time plan the model predicts to hold, realize it. A
+    realized plan that holds and that the model predicted within `close_fraction` of each budget ends
+    the search; otherwise the model learns from it (`observe`) and the next check starts.
+
+    Args (beyond `search_budgets`'):
+        predict: plan -> what the model predicts Thunder's pass makes of it.
+        observe: (plan, realized) -> None: the model learns from a dry run.
+        top_scale: a scale of the targets at which the solver saves everything it would.
+        plan_key: plan -> a key equal for equal plans (a plan checked once is not checked again).
+
+    Returns:
+        The least-time realized plan that holds, or None when no check found one (the caller falls
+        back to `search_budgets`; the rounds done here are in its dry-run cache).
+    """
+    rounds: list[Round] = []
+    best: tuple[object, Round] | None = None
+    checked: set = set()
+    for _ in range(max_checks):
+        found = _least_time_predicted_to_hold(targets, plan_at, extra_time_s, predict, top_scale, solves_per_check)
+        if found is None or plan_key(found[0]) in checked:
+            break
+        plan, budgets = found
+        checked.add(plan_key(plan))
+        predicted = predict(plan)
+        this = Round(tuple(sorted(budgets.items())), extra_time_s(plan), realize(plan))
+        rounds.append(this)
+        if this.holds(targets) and (best is None or this.extra_time_s < best[1].extra_time_s):
+            best = (plan, this)
+        exact = all(abs(this.realized.value(n) - predicted.value(n)) <= close_fraction * t for n, t in targets.items())
+        if this.holds(targets) and exact:
+            break
+        observe(plan, this.realized)
+    return None if best is None else SearchResult(best[0], best[1].realized, tuple(rounds))
+
+
+def _least_time_predicted_to_hold(targets, plan_at, extra_time_s, predict, top_scale: float, solves: int):
+    """Bisection over one scale of the solver's budgets (``scale * target`` each): of the plans the
+    solver returns, the least-time one the model predicts to hold and its budgets (None: none)."""
+    def holds(plan) -> bool:
+        predicted = predict(plan)
+        return all(predicted.value(n) <= t for n, t in targets.items())
+
+    low, high, found = 0.0, max(top_scale, 1.0), []
+    for scale in (high, *([None] * (solves - 1))):
+        scale = (low + high) / 2 if scale is None else scale
+        budgets = {n: int(scale * t) for n, t in targets.items()}
+        try:
+            plan = plan_at(budgets)
+        except InfeasibleBudgetError:  # the solver's own model cannot go this low
+            low = scale
+            continue
+        if holds(plan):
+            found.append((plan, budgets))
+            if scale == max(top_scale, 1.0):
+                break  # the largest budget holds: nothing to search
+            low = scale
+        else:
+            high = scale
+    return min(found, key=lambda pair: extra_time_s(pair[0]), default=None)
+
+
 def _overshoot(realized: Realized, targets: Mapping[str, int]) -> int:
     return max(realized.value(name) - target for name, target in targets.items())
 

@@ -7,6 +7,7 @@ prediction. Also the step peak of a re-gathering FSDP plan in the order Thunder 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from remat_opt import _compat  # noqa: F401  (before thunder)
@@ -15,6 +16,7 @@ from remat_opt.tracing.dry_run import dry_run as isolated_dry_run
 
 from remat_opt.core.simulation import simulate_peak_bytes  # noqa: E402
 from remat_opt.planning import fusion_search as fs  # noqa: E402
+from remat_opt.planning.fusion_model import SavedBytesModel  # noqa: E402
 from remat_opt.planning.planner import FusionOutcome, PlanRequest, PlannedStep, plan_step  # noqa: E402
 from remat_opt.transform.ranks import regather_units  # noqa: E402
 from remat_opt.transform.tags import tagged_dry_run, untagged  # noqa: E402
@@ -55,28 +57,39 @@ class ThroughFusion:
                    if getattr(request, name) is not None}
         no_budget = replace(request, activation_budget_bytes=None, peak_budget_bytes=None)
         free = plan_step(self.graph, no_budget)  # recomputes only what costs no time (views)
-        free_realized = self.realize(free)
-        if all(free_realized.value(n) <= t for n, t in targets.items()) or \
-                all(save_all.value(n) <= t for n, t in targets.items()):
-            # the budget holds without recomputing anything that costs time: the smaller of the
-            # zero-time plan and no tags at all
-            use_free = free_realized.saved_bytes <= save_all.saved_bytes and all(
-                free_realized.value(n) <= t for n, t in targets.items())
-            step = free if use_free else replace(free, plan=untagged(free.plan))
-            return self._finish(step, free_realized if use_free else save_all, save_all, (), request)
-        solver_save_all = fs.Realized(self.graph.saved_activation_bytes, free.plan.peak_bytes)
-        first_guess = {fs.ACTIVATION: lambda t: t * solver_save_all.saved_bytes // max(save_all.saved_bytes, 1),
-                       fs.PEAK: lambda t: t + solver_save_all.peak_bytes - save_all.peak_bytes}
-        result = fs.search_budgets(
-            targets,
-            plan_at=lambda budgets: plan_step(self.graph, replace(request, **budgets)),
-            realize=self.realize,
-            extra_time_s=lambda step: step.plan.extra_time_s,
-            solver_value=lambda step, name: step.plan.saved_bytes if name == fs.ACTIVATION else step.plan.peak_bytes,
-            first_guess={n: max(first_guess[n](t), 0) for n, t in targets.items()},
-            first_slope={fs.ACTIVATION: save_all.saved_bytes / max(solver_save_all.saved_bytes, 1)},
-            refine=self.refine,
-        )
+        model = _RealizedModel(self.graph, self.fused_graph, save_all, free)
+        holds_untagged = all(save_all.value(n) <= t for n, t in targets.items())
+        if holds_untagged or model.holds(free, targets):
+            free_realized = self.realize(free)
+            if holds_untagged or all(free_realized.value(n) <= t for n, t in targets.items()):
+                # the budget holds without recomputing anything that costs time: the smaller of the
+                # zero-time plan and no tags at all
+                use_free = free_realized.saved_bytes <= save_all.saved_bytes and all(
+                    free_realized.value(n) <= t for n, t in targets.items())
+                step = free if use_free else replace(free, plan=untagged(free.plan))
+                return self._finish(step, free_realized if use_free else save_all, save_all, (), request)
+        plan_at = functools.lru_cache(maxsize=None)(
+            lambda budgets: plan_step(self.graph, replace(request, **dict(budgets))))
+        solve = lambda budgets: plan_at(tuple(sorted(budgets.items())))  # noqa: E731
+        result = fs.search_with_model(
+            targets, solve, self.realize, extra_time_s=lambda step: step.plan.extra_time_s,
+            predict=model.predict, observe=lambda step, _: model.observe(step, self.realized_graph(
+                step.plan.recomputed_tag_targets), self.realize(step)),
+            top_scale=model.top_scale(targets), plan_key=lambda step: frozenset(step.plan.recomputed_tag_targets))
+        if result is None:  # the model did not find a plan that holds: search with dry runs
+            solver_save_all = fs.Realized(self.graph.saved_activation_bytes, free.plan.peak_bytes)
+            first_guess = {fs.ACTIVATION: lambda t: t * solver_save_all.saved_bytes // max(save_all.saved_bytes, 1),
+                           fs.PEAK: lambda t: t + solver_save_all.peak_bytes - save_all.peak_bytes}
+            result = fs.search_budgets(
+                targets,
+                plan_at=solve,
+                realize=self.realize,
+                extra_time_s=lambda step: step.plan.extra_time_s,
+                solver_value=lambda step, name: step.plan.saved_bytes if name == fs.ACTIVATION else step.plan.peak_bytes,
+                first_guess={n: max(first_guess[n](t), 0) for n, t in targets.items()},
+                first_slope={fs.ACTIVATION: save_all.saved_bytes / max(solver_save_all.saved_bytes, 1)},
+                refine=self.refine,
+            )
         return self._finish(result.plan, result.realized, save_all, result.rounds, request)
 
     def refine(self, step: PlannedStep, overshoot: dict[str, int]) -> PlannedStep | None:
@@ -123,6 +136,34 @@ class ThroughFusion:
 
 
 UNKNOWN_PEAK_BYTES = 2**62
+
+
+class _RealizedModel:
+    """What Thunder's pass is predicted to make of a plan: saved bytes from `SavedBytesModel`, the step
+    peak as the solver's peak plus the difference the latest realized plan showed."""
+
+    def __init__(self, unfused, fused, save_all: fs.Realized, free: PlannedStep):
+        self.saved = SavedBytesModel(unfused)
+        self.saved.observe(unfused.saved_names, fused)
+        self.unfused, self.free = unfused, free
+        self.peak_offset_bytes = save_all.peak_bytes - free.plan.peak_bytes
+
+    def predict(self, step: PlannedStep) -> fs.Realized:
+        return fs.Realized(self.saved.saved_bytes(step.plan.saved_names), step.plan.peak_bytes + self.peak_offset_bytes)
+
+    def holds(self, step: PlannedStep, targets) -> bool:
+        predicted = self.predict(step)
+        return all(predicted.value(n) <= t for n, t in targets.items())
+
+    def observe(self, step: PlannedStep, realized_graph, realized: fs.Realized) -> None:
+        self.saved.observe(step.plan.saved_names, realized_graph)
+        if realized.peak_bytes != UNKNOWN_PEAK_BYTES:
+            self.peak_offset_bytes = realized.peak_bytes - step.plan.peak_bytes
+
+    def top_scale(self, targets) -> float:
+        """A scale of `targets` at which the solver's budgets hold its save-all plan."""
+        top = {fs.ACTIVATION: self.unfused.saved_activation_bytes, fs.PEAK: self.free.plan.peak_bytes}
+        return max(top[n] / max(t, 1) for n, t in targets.items()) * 1.01
 
 
 def peak_in_thunders_order(step: PlannedStep, computation_trace, executors_list, names,

@@ -169,8 +169,8 @@ def test_plans_survive_thunders_fusion_pass(block_run, fraction, cost_table, tmp
     assert step.plan.recomputed_tag_targets and step.fusion is not None
     # the user's budget, not the one the solver got in the winning round
     assert step.request.activation_budget_bytes == step.plan.activation_budget_bytes == budget
-    # the solver's unfused model alone would have been wrong: the loop is what makes it exact
-    assert step.fusion.solver_saved_bytes != step.plan.saved_bytes or fraction == 0.0
+    # a dry run with the plan's tags checked it: the bytes reported are Thunder's, not a model's
+    assert any(f"Thunder saves {step.plan.saved_bytes:,} B" in r for r in step.fusion.rounds)
     if cost_table == "auto":
         explanation = explain(jitted)
         sources = {r.cost_source for r in explanation.rows if r.action == "recompute"}

@@ -3,12 +3,15 @@ solvers and passes: what it keeps, when it refines, when it gives up."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
 from remat_opt.core.errors import InfeasibleBudgetError
-from remat_opt.planning.fusion_search import ACTIVATION, PEAK, Realized, search_budgets
+from remat_opt.core.graph import JointGraph
+from remat_opt.planning.fusion_model import SavedBytesModel
+from remat_opt.planning.fusion_search import ACTIVATION, PEAK, Realized, search_budgets, search_with_model
+from synthetic import chain_graph
 
 
 @dataclass(frozen=True)
@@ -83,3 +86,63 @@ def test_the_least_plan_is_kept_when_only_it_holds():
     realize = lambda p: Realized(p.saved if p.saved < 50 else 900, 0)  # noqa: E731
     result = _search({ACTIVATION: 100}, _solver(), realize, max_rounds=2)
     assert result.realized.saved_bytes == 0 and result.rounds[-1].solver_budgets == ((ACTIVATION, 0),)
+
+
+# ---- the model-guided search (`search_with_model`) and the model of the pass (`SavedBytesModel`) ----
+
+
+def _model_search(targets, plan_at, realize, predict, observe=lambda plan, realized: None, **kwargs):
+    return search_with_model(targets, plan_at, realize, extra_time_s=lambda p: p.time_s, predict=predict,
+                             observe=observe, top_scale=4.0, plan_key=lambda p: p.saved, **kwargs)
+
+
+def test_a_model_that_is_right_needs_one_dry_run():
+    # the pass realizes 60% of what the solver saves and the model knows it: one dry run, and the
+    # plan is the one `search_budgets` reaches in several (the target filled to within 1%)
+    realize = lambda p: Realized(int(p.saved * 0.6), 0)  # noqa: E731
+    result = _model_search({ACTIVATION: 300}, _solver(), realize, predict=realize)
+    assert len(result.rounds) == 1
+    assert 300 * 0.99 <= result.realized.saved_bytes <= 300
+    slow = _search({ACTIVATION: 300}, _solver(), realize)
+    assert result.plan.time_s <= slow.plan.time_s and len(slow.rounds) > 1
+
+
+def test_a_model_that_learns_from_a_wrong_answer_checks_again():
+    # the model starts at "the pass saves what the solver saves" (too pessimistic), learns the
+    # pass's ratio from the first dry run, and its second answer fills the target
+    learned = {"ratio": 1.0}
+    realize = lambda p: Realized(int(p.saved * 0.5), 0)  # noqa: E731
+    result = _model_search({ACTIVATION: 300}, _solver(), realize,
+                           predict=lambda p: Realized(int(p.saved * learned["ratio"]), 0),
+                           observe=lambda p, r: learned.update(ratio=r.saved_bytes / p.saved))
+    assert [r.realized.saved_bytes for r in result.rounds] == [150, 300]
+    assert result.realized.saved_bytes == 300 and result.plan.saved in (600, 601)  # int(0.5 * 601) == 300
+
+
+def test_a_model_that_is_wrong_the_other_way_returns_no_plan_that_breaks_the_budget():
+    # the pass saves 50 B more than the model says and the model never learns: no dry run holds,
+    # and the search says so (the caller falls back to `search_budgets`) rather than return it
+    result = _model_search({ACTIVATION: 500}, _solver(), lambda p: Realized(p.saved + 50, 0),
+                           predict=lambda p: Realized(p.saved, 0))
+    assert result is None
+
+
+def test_the_model_learns_per_origin_ratios_and_bytes_the_pass_adds():
+    unfused = chain_graph(4)  # saves t2, t1, t0 (1024 B each); origins p_t0..p_t2
+    # Thunder's pass keeps half of t1 (a fresh region output of a view), drops t0 (rematerialized
+    # from x) and saves 512 B for t3's origin, which the plan did not save
+    realized = _with_saved(unfused, {"t2": 1024, "t1": 512, "t3": 512})
+    model = SavedBytesModel(unfused)
+    assert model.saved_bytes(["t2", "t1", "t0"]) == 3 * 1024  # no observation: the solver's bytes
+    model.observe(["t2", "t1", "t0"], realized)
+    assert model.saved_bytes(["t2", "t1", "t0"]) == realized.saved_activation_bytes == 2048
+    assert model.saved_bytes(["t1"]) == 512 + 512  # t1 at its ratio, t3's origin added by the pass
+    assert model.saved_bytes(["t3", "t1"]) == 1024 + 512  # the plan saves t3 itself: at the solver's bytes
+
+
+def _with_saved(graph: JointGraph, saved_bytes: dict[str, int]) -> JointGraph:
+    """`graph` with `saved_bytes`' tensors saved (same origins) at the given storage bytes."""
+    tensors = dict(graph.tensors)
+    for name, nbytes in saved_bytes.items():
+        tensors[name] = replace(tensors[name], storage_bytes=nbytes, nbytes=nbytes)
+    return replace(graph, tensors=tensors, saved=tuple(graph.origins[n] for n in saved_bytes))
