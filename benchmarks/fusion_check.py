@@ -67,7 +67,7 @@ def _run(model, inputs, executors, eager, **budget) -> str:
     model.zero_grad(set_to_none=True)
     step = last_planned_step(jitted)
     peak = measure_step_peak_bytes(jitted, *inputs)
-    rounds = len(step.fusion.rounds) + 1 if step.fusion else 0
+    rounds = step.fusion.tagged_dry_runs if step.fusion else 0
     saved_ok = "=" if measured.activation_bytes == step.plan.saved_bytes else "!="
     return (f"saved {step.plan.saved_bytes:>9,} {saved_ok} {measured.activation_bytes:>9,} B | peak "
             f"{step.plan.peak_bytes:>9,} vs {peak.peak_bytes:>9,} B ({peak.peak_bytes / step.plan.peak_bytes - 1:+.2%}) | "

@@ -50,7 +50,7 @@ from thunder.executors.passes import update_fusion_call_ctx  # noqa: E402
 from thunder.executors.utils import Region  # noqa: E402
 from thunder.extend import FusionExecutor  # noqa: E402
 
-from remat_opt.tracing.storage import region_program  # noqa: E402
+from remat_opt.tracing.storage import member_workspace_bytes, region_program  # noqa: E402
 
 NVFUSER_SOURCE = "executors/nvfuserex_impl.py"
 _SUPPORTED_DTYPES = (dtypes.bool8, dtypes.uint8, dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64,
@@ -125,6 +125,33 @@ def _checker(*args, **kwargs) -> bool:
     return all(_supported(a) for a in flat)
 
 
+_WORKSPACE_BYTES: dict[tuple, int] = {}  # region structure -> its member workspace bytes
+
+
+def _structure_key(bsyms: list[BoundSymbol], inputs: list, outputs: list) -> tuple:
+    """What a region's allocations depend on, without its names: each member's symbol, and its
+    arguments and outputs with every proxy replaced by its first-seen index, shape and dtype."""
+    from thunder.core.proxies import Proxy
+
+    index: dict[str, int] = {}
+
+    def canonical(value):
+        if isinstance(value, Proxy):
+            number = index.setdefault(value.name, len(index))
+            if isinstance(value, TensorProxy):
+                return number, tuple(value.shape), str(value.dtype), str(value.device)
+            return number, type(value).__name__
+        return repr(value)
+
+    def flat(value) -> tuple:
+        leaves, spec = tree_flatten(value)
+        return str(spec), tuple(canonical(v) for v in leaves)
+
+    return (flat(tuple(inputs)),
+            *((b.sym.name, flat((b.args, b.kwargs)), flat(tuple(b.flat_outs))) for b in bsyms),
+            flat(tuple(outputs)))
+
+
 class _RegionCallable:
     """Runs the region's ops through Thunder's torch executor (what `torch_compile.make_compiled`
     builds, without torch.compile). Built at the first call, as nvFuser's executor builds its fusion
@@ -139,6 +166,17 @@ class _RegionCallable:
     def member_trace(self):
         """The region's executable trace (torch ops): what the region allocates for itself, for the peak."""
         return region_program(*self._parts, "nvfuser_standin_region")
+
+    @functools.cached_property
+    def workspace_bytes(self) -> int:
+        """`member_workspace_bytes` of the region, computed once per region structure: CostRemat's dry
+        runs make the same regions again under new names, and this was most of a graph's extraction."""
+        key = _structure_key(*self._parts)
+        if key not in _WORKSPACE_BYTES:
+            if len(_WORKSPACE_BYTES) >= 20_000:
+                _WORKSPACE_BYTES.clear()
+            _WORKSPACE_BYTES[key] = member_workspace_bytes(self.member_trace)
+        return _WORKSPACE_BYTES[key]
 
     def __call__(self, *args):
         if self._run is None:

@@ -154,17 +154,18 @@ def search_with_model(
     observe: Callable[[object, Realized], None],
     top_scale: float,
     *,
+    first_scale: float | None = None,
     plan_key: Callable[[object], object] = id,
     max_checks: int = 3,
-    solves_per_check: int = 12,
+    solves_per_check: int = 8,
     close_fraction: float = 0.01,
 ) -> SearchResult | None:
     """Finds the least-time plan that holds `targets` with a model of Thunder's pass, and a dry run
     per model answer as the check: the answer of `search_budgets` in one or two dry runs where the
     model is right (`remat_opt.planning.fusion_model`).
 
-    Each check: solve at solver budgets ``scale * target`` (bisection over `scale` in [0, `top_scale`],
-    `solves_per_check` solves), keep the least-time plan the model predicts to hold, realize it. A
+    Each check: solve at solver budgets ``scale * target`` (a search over `scale` in [0, `top_scale`],
+    at most `solves_per_check` solves), keep the least-time plan the model predicts to hold, realize it. A
     realized plan that holds and that the model predicted within `close_fraction` of each budget ends
     the search; otherwise the model learns from it (`observe`) and the next check starts.
 
@@ -172,6 +173,7 @@ def search_with_model(
         predict: plan -> what the model predicts Thunder's pass makes of it.
         observe: (plan, realized) -> None: the model learns from a dry run.
         top_scale: a scale of the targets at which the solver saves everything it would.
+        first_scale: the scale the model expects to fill the targets (the search starts there).
         plan_key: plan -> a key equal for equal plans (a plan checked once is not checked again).
 
     Returns:
@@ -182,7 +184,8 @@ def search_with_model(
     best: tuple[object, Round] | None = None
     checked: set = set()
     for _ in range(max_checks):
-        found = _least_time_predicted_to_hold(targets, plan_at, extra_time_s, predict, top_scale, solves_per_check)
+        found = _least_time_predicted_to_hold(targets, plan_at, extra_time_s, predict, top_scale, solves_per_check,
+                                              first_scale, close_fraction)
         if found is None or plan_key(found[0]) in checked:
             break
         plan, budgets = found
@@ -199,29 +202,45 @@ def search_with_model(
     return None if best is None else SearchResult(best[0], best[1].realized, tuple(rounds))
 
 
-def _least_time_predicted_to_hold(targets, plan_at, extra_time_s, predict, top_scale: float, solves: int):
-    """Bisection over one scale of the solver's budgets (``scale * target`` each): of the plans the
-    solver returns, the least-time one the model predicts to hold and its budgets (None: none)."""
-    def holds(plan) -> bool:
+def _least_time_predicted_to_hold(targets, plan_at, extra_time_s, predict, top_scale: float, solves: int,
+                                  first_scale: float | None = None, resolution: float = 0.01):
+    """A search over one scale of the solver's budgets (``scale * target`` each) for the largest
+    scale whose plan the model predicts to hold: regula falsi on the predicted overshoot (the largest
+    predicted bytes over target, less one), bisection where it stalls, from `first_scale` (default:
+    the top) until the bracket is narrower than `resolution` of its top, at most `solves` solves. Of
+    the plans the solver returned, the least-time one predicted to hold and its budgets (None: none)."""
+    def overshoot(plan) -> float:
         predicted = predict(plan)
-        return all(predicted.value(n) <= t for n, t in targets.items())
+        return max(predicted.value(n) / max(t, 1) for n, t in targets.items()) - 1.0
 
-    low, high, found = 0.0, max(top_scale, 1.0), []
-    for scale in (high, *([None] * (solves - 1))):
-        scale = (low + high) / 2 if scale is None else scale
+    top = max(top_scale, 1.0)
+    low, high = 0.0, top  # low: holds (or below what the solver can plan); high: breaks
+    f_low, f_high, found = -1.0, None, []
+    scale = first_scale if first_scale is not None and 0 < first_scale < top else top
+    for _ in range(solves):
         budgets = {n: int(scale * t) for n, t in targets.items()}
         try:
             plan = plan_at(budgets)
         except InfeasibleBudgetError:  # the solver's own model cannot go this low
-            low = scale
-            continue
-        if holds(plan):
-            found.append((plan, budgets))
-            if scale == max(top_scale, 1.0):
-                break  # the largest budget holds: nothing to search
-            low = scale
+            low, f_low = scale, -1.0
         else:
-            high = scale
+            f = overshoot(plan)
+            if f <= 0:
+                found.append((plan, budgets))
+                if scale == top:
+                    break  # the largest budget holds: nothing to search
+                low, f_low = scale, f
+            else:
+                high, f_high = scale, f
+        if high - low <= resolution * high:
+            break
+        if f_high is None:  # the first guess held: is the top's plan held too?
+            scale = top
+            continue
+        secant = low + (high - low) * (-f_low) / (f_high - f_low)
+        # regula falsi, kept inside the bracket's middle 90% (bisection where it would stall at an end)
+        scale = secant if low + 0.05 * (high - low) < secant < high - 0.05 * (high - low) \
+            else (low + high) / 2
     return min(found, key=lambda pair: extra_time_s(pair[0]), default=None)
 
 

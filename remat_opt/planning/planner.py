@@ -158,6 +158,8 @@ class FusionOutcome:
         solver_peak_bytes: likewise for the step peak.
         realized_graph: the fused joint graph of the dry run with the plan's tags.
         rounds: one line per dry run of the search.
+        tagged_dry_runs: dry runs with tags the compilation paid for (the search's, and the
+            zero-time plan's when it was checked).
     """
 
     save_all: object  # fusion_search.Realized
@@ -165,6 +167,7 @@ class FusionOutcome:
     solver_peak_bytes: int
     realized_graph: JointGraph
     rounds: tuple[str, ...] = ()
+    tagged_dry_runs: int = 0
 
 
 def forward_op_times_s(costs: CostModel, graph: JointGraph) -> dict[str, float]:
@@ -218,15 +221,25 @@ def _zero_time_plan(problem: RecomputeProblem, costs: CostModel, request: PlanRe
     return SOLVERS["ilp"](problem, activation_budget_bytes=floor_bytes, options=options)
 
 
-def plan_step(graph: JointGraph, request: PlanRequest) -> PlannedStep:
+def costed_problem(graph: JointGraph, request: PlanRequest) -> tuple[CostModel, RecomputeProblem]:
+    """The cost model and problem `plan_step` solves for `graph` (the request's budgets aside)."""
+    costs = CostModel(graph, device_spec=request.device_spec, table=request.table, region_graph=request.region_graph)
+    return costs, RecomputeProblem.from_graph(graph, forward_op_times_s(costs, graph))
+
+
+def plan_step(graph: JointGraph, request: PlanRequest,
+              costed: tuple[CostModel, RecomputeProblem] | None = None) -> PlannedStep:
     """Costs `graph`, solves under the request's budgets, and returns the checked plan.
+
+    Args:
+        costed: `costed_problem(graph, request)`, when the caller plans the same graph at several
+            budgets (built here otherwise).
 
     Raises:
         InfeasibleBudgetError: no plan meets the budget; the message speaks in GB.
     """
     start_s = time.perf_counter()
-    costs = CostModel(graph, device_spec=request.device_spec, table=request.table, region_graph=request.region_graph)
-    problem = RecomputeProblem.from_graph(graph, forward_op_times_s(costs, graph))
+    costs, problem = costed if costed is not None else costed_problem(graph, request)
     no_budget = request.peak_budget_bytes is None and request.activation_budget_bytes is None
     if no_budget and request.solver not in FIXED_PLAN_SOLVERS:
         plan = _zero_time_plan(problem, costs, request)

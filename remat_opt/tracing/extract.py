@@ -31,7 +31,7 @@ from remat_opt.core import graph as g  # noqa: E402
 from remat_opt.tracing.dry_run import GRAPH_TENSORS, markers, tensor_outs  # noqa: E402
 from remat_opt.tracing.op_semantics import FallbackWork, fallback_work, is_random  # noqa: E402
 from remat_opt.tracing.regions import register_region_calls  # noqa: E402
-from remat_opt.tracing.storage import StorageTracker, member_workspace_bytes, proxy_bytes  # noqa: E402
+from remat_opt.tracing.storage import StorageTracker, proxy_bytes  # noqa: E402
 
 TORCH_FUNCTION_ATTR = ANNOTATION_PREFIX + "torch_function"  # the torch function behind a fallback op
 
@@ -157,9 +157,9 @@ def _region_workspace_bytes(bsym: BoundSymbol) -> int:
     (the nvFuser stand-in on a CPU trace); 0 for real fusions and on meta (nvFuser keeps them in
     registers)."""
     run = (getattr(bsym, "_call_ctx", None) or {}).get(bsym.sym.name) if bsym.sym.is_fusion else None
-    trace = getattr(run, "member_trace", None)
     on_cpu = any(isinstance(p, TensorProxy) and p.device.type == "cpu" for p in bsym.flat_proxy_args)
-    return member_workspace_bytes(trace) if trace is not None and on_cpu else 0
+    # the stand-in's regions know it (`member_workspace_bytes`, once per region structure)
+    return getattr(run, "workspace_bytes", 0) if on_cpu else 0
 
 
 def _fusion_members(bsym: BoundSymbol, prefix: str, is_backward: bool) -> list[g.OpNode]:

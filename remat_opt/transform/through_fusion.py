@@ -17,7 +17,7 @@ from remat_opt.tracing.dry_run import dry_run as isolated_dry_run
 from remat_opt.core.simulation import simulate_peak_bytes  # noqa: E402
 from remat_opt.planning import fusion_search as fs  # noqa: E402
 from remat_opt.planning.fusion_model import SavedBytesModel  # noqa: E402
-from remat_opt.planning.planner import FusionOutcome, PlanRequest, PlannedStep, plan_step  # noqa: E402
+from remat_opt.planning.planner import FusionOutcome, PlanRequest, PlannedStep, costed_problem, plan_step  # noqa: E402
 from remat_opt.transform.ranks import regather_units  # noqa: E402
 from remat_opt.transform.tags import tagged_dry_run, untagged  # noqa: E402
 
@@ -48,6 +48,11 @@ class ThroughFusion:
                 self.trace, self.executors, self.names, key, self.dry_run)
         return self._realized[key]
 
+    @property
+    def tagged_dry_runs(self) -> int:
+        """Dry runs with tags so far (Thunder alone with these executors is the compilation's first)."""
+        return sum(1 for tags in self._realized if tags)
+
     def realize(self, step: PlannedStep) -> fs.Realized:
         return self.realize_tags(step.plan.recomputed_tag_targets)
 
@@ -59,6 +64,10 @@ class ThroughFusion:
         free = plan_step(self.graph, no_budget)  # recomputes only what costs no time (views)
         model = _RealizedModel(self.graph, self.fused_graph, save_all, free)
         holds_untagged = all(save_all.value(n) <= t for n, t in targets.items())
+        if holds_untagged and model.predict(free).saved_bytes >= save_all.saved_bytes:
+            # the zero-time plan's tags (views) are predicted to save nothing Thunder's pass does not
+            # already drop: no tags, no dry run
+            return self._finish(replace(free, plan=untagged(free.plan)), save_all, save_all, (), request)
         if holds_untagged or model.holds(free, targets):
             free_realized = self.realize(free)
             if holds_untagged or all(free_realized.value(n) <= t for n, t in targets.items()):
@@ -68,14 +77,15 @@ class ThroughFusion:
                     free_realized.value(n) <= t for n, t in targets.items())
                 step = free if use_free else replace(free, plan=untagged(free.plan))
                 return self._finish(step, free_realized if use_free else save_all, save_all, (), request)
+        costed = costed_problem(self.graph, request)
         plan_at = functools.lru_cache(maxsize=None)(
-            lambda budgets: plan_step(self.graph, replace(request, **dict(budgets))))
+            lambda budgets: plan_step(self.graph, replace(request, **dict(budgets)), costed))
         solve = lambda budgets: plan_at(tuple(sorted(budgets.items())))  # noqa: E731
         result = fs.search_with_model(
             targets, solve, self.realize, extra_time_s=lambda step: step.plan.extra_time_s,
             predict=model.predict, observe=lambda step, _: model.observe(step, self.realized_graph(
                 step.plan.recomputed_tag_targets), self.realize(step)),
-            top_scale=model.top_scale(targets), plan_key=lambda step: frozenset(step.plan.recomputed_tag_targets))
+            top_scale=model.top_scale(targets), first_scale=model.first_scale(targets), plan_key=lambda step: frozenset(step.plan.recomputed_tag_targets))
         if result is None:  # the model did not find a plan that holds: search with dry runs
             solver_save_all = fs.Realized(self.graph.saved_activation_bytes, free.plan.peak_bytes)
             first_guess = {fs.ACTIVATION: lambda t: t * solver_save_all.saved_bytes // max(save_all.saved_bytes, 1),
@@ -119,13 +129,13 @@ class ThroughFusion:
         graph = self.realized_graph(step.plan.recomputed_tag_targets)
         outcome = FusionOutcome(save_all=save_all, solver_saved_bytes=step.plan.saved_bytes,
                                 solver_peak_bytes=step.plan.peak_bytes, realized_graph=graph,
-                                rounds=tuple(r.describe() for r in rounds))
+                                rounds=tuple(r.describe() for r in rounds), tagged_dry_runs=self.tagged_dry_runs)
         unknown_peak = realized.peak_bytes == UNKNOWN_PEAK_BYTES
         peak_bytes = step.plan.peak_bytes if unknown_peak else realized.peak_bytes
         plan = replace(step.plan, saved_bytes=realized.saved_bytes, peak_bytes=peak_bytes,
                        saved_names=tuple(graph.saved_names), activation_budget_bytes=request.activation_budget_bytes,
                        peak_budget_bytes=request.peak_budget_bytes)
-        remark = (f"planned through Thunder's fusion pass ({len(rounds) + 1} dry run(s) with tags): it saves "
+        remark = (f"planned through Thunder's fusion pass ({self.tagged_dry_runs} dry run(s) with tags): it saves "
                   f"{realized.saved_bytes:,} B, step peak {realized.peak_bytes:,} B, as predicted here; the solver's "
                   f"unfused model said {step.plan.saved_bytes:,} B and {step.plan.peak_bytes:,} B; Thunder alone with "
                   f"these executors saves {save_all.saved_bytes:,} B (peak {save_all.peak_bytes:,} B)")
@@ -159,6 +169,13 @@ class _RealizedModel:
         self.saved.observe(step.plan.saved_names, realized_graph)
         if realized.peak_bytes != UNKNOWN_PEAK_BYTES:
             self.peak_offset_bytes = realized.peak_bytes - step.plan.peak_bytes
+
+    def first_scale(self, targets) -> float:
+        """The scale of `targets` the solver's budgets are expected to need: Thunder alone's realized
+        bytes against the solver's (activations), the realized peak less the offset (step peak)."""
+        saved = self.unfused.saved_activation_bytes / max(self.saved.saved_bytes(self.unfused.saved_names), 1)
+        scales = {fs.ACTIVATION: lambda t: saved, fs.PEAK: lambda t: (t - self.peak_offset_bytes) / max(t, 1)}
+        return min(scales[n](t) for n, t in targets.items())
 
     def top_scale(self, targets) -> float:
         """A scale of `targets` at which the solver's budgets hold its save-all plan."""
