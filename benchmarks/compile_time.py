@@ -78,6 +78,7 @@ def measure(name: str, executors_name: str, repeats: int) -> list[str]:
     seconds = {label: [] for label in ("Thunder alone", *configs)}
     ratios = {label: [] for label in configs}
     dry_runs = {label: set() for label in configs}
+    outcome = {}
     for _ in range(repeats):
         alone_s, _ = _compile_s(model, inputs, executors, [])
         seconds["Thunder alone"].append(alone_s)
@@ -85,13 +86,14 @@ def measure(name: str, executors_name: str, repeats: int) -> list[str]:
             s, jitted = _compile_s(model, inputs, executors, [CostRemat(device_spec=device, **kwargs)])
             seconds[label].append(s)
             ratios[label].append(s / alone_s)
-            fusion = last_planned_step(jitted).fusion
-            dry_runs[label].add(fusion.tagged_dry_runs if fusion is not None else 0)
-    rows = [f"| {name} | {executors_name} | Thunder alone | {statistics.median(seconds['Thunder alone']):.1f} | 1 | |"]
+            step = last_planned_step(jitted)
+            dry_runs[label].add(step.fusion.tagged_dry_runs if step.fusion is not None else 0)
+            outcome[label] = f"{step.plan.saved_bytes:,} | +{step.plan.extra_time_s * 1e3:.3g}"
+    rows = [f"| {name} | {executors_name} | Thunder alone | {statistics.median(seconds['Thunder alone']):.1f} | 1 | | | |"]
     for label in configs:
         runs = "/".join(str(d) for d in sorted(dry_runs[label]))
         rows.append(f"| {name} | {executors_name} | {label} | {statistics.median(seconds[label]):.1f} | "
-                    f"{statistics.median(ratios[label]):.2f} | {runs} |")
+                    f"{statistics.median(ratios[label]):.2f} | {runs} | {outcome[label]} |")
     return rows
 
 
@@ -117,10 +119,12 @@ def main() -> None:
         "rounds, each compiling every configuration afresh in turn; ratio: the median of the per-round ratios "
         "to Thunder alone in the same round. Dry runs: the dry runs with tags CostRemat paid for (each "
         "compilation with a fusion executor also pays for two untagged ones: Thunder alone with these "
-        "executors, and without the fusion executors, the graph the solver plans on).",
+        "executors, and without the fusion executors, the graph the solver plans on). The plan's saved bytes "
+        "and predicted recompute time per step are the last round's (the same in every round).",
         "",
-        "| model | executors | configuration | first compile (s) | ratio to Thunder alone | dry runs with tags |",
-        "|---|---|---|---|---|---|",
+        "| model | executors | configuration | first compile (s) | ratio to Thunder alone | dry runs with tags "
+        "| plan saves (B) | recompute (ms) |",
+        "|---|---|---|---|---|---|---|---|",
         *rows,
     ])
     finish_page(args, "compile_time", body, start_s)

@@ -136,11 +136,9 @@ def _sort_waits_as_thunder_does(joint_trace: TraceCtx, executors_list) -> TraceC
     collectives (FSDP, DDP: ``thunder/__init__.py``): claim ops for the executors, then move each
     ``wait`` as late as possible (`thunder.distributed.utils.sort_waits`). Without it, DDP's gradient
     bucketing fails on the joint trace, and the order of all-gathers and waits differs from the run."""
-    from thunder.distributed.utils import has_wait_prims, maybe_sort_waits
+    from thunder.distributed.utils import maybe_sort_waits
     from thunder.executors.passes import _transform_for_operator_executor_execution
 
-    if not has_wait_prims(joint_trace):  # what maybe_sort_waits checks, before the claiming it does not need
-        return joint_trace
     claimed = _transform_for_operator_executor_execution(joint_trace, executors_list)
     is_sorted, claimed = maybe_sort_waits(claimed)
     return claimed if is_sorted else joint_trace
