@@ -96,7 +96,7 @@ def main() -> None:
             print(f"  activations {label:>8}: {line}", flush=True)
         if args.no_peak_budgets:
             continue
-        least_peak = _least_peak_bytes(model, inputs, executors)
+        least_peak = least_peak_bytes(model, inputs, executors)
         print(f"  least step peak found: {least_peak:,} B", flush=True)
         for quarter in (1, 2, 3):
             budget = least_peak + quarter * (save_all_peak - least_peak) // 4
@@ -117,9 +117,9 @@ def _executors(choice: str) -> list:
     return [sdpa_cpu_ex, torch_compile_ex, *thunder.get_default_executors()]
 
 
-def _least_peak_bytes(model, inputs, executors) -> int:
+def least_peak_bytes(model, inputs, executors, device_spec: str = "cpu") -> int:
     """The least step peak the search finds (what an infeasible peak budget names)."""
-    jitted = thunder.jit(model, transforms=[CostRemat(device_spec="cpu", budget_gb=1e-12)], executors=executors)
+    jitted = thunder.jit(model, transforms=[CostRemat(device_spec=device_spec, budget_gb=1e-12)], executors=executors)
     try:
         jitted(*inputs)
     except InfeasibleBudgetError as e:
