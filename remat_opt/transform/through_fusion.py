@@ -81,11 +81,13 @@ class ThroughFusion:
         plan_at = functools.lru_cache(maxsize=None)(
             lambda budgets: plan_step(self.graph, replace(request, **dict(budgets)), costed))
         solve = lambda budgets: plan_at(tuple(sorted(budgets.items())))  # noqa: E731
+        extra_time_s = lambda step: step.plan.extra_time_s  # noqa: E731
         result = fs.search_with_model(
-            targets, solve, self.realize, extra_time_s=lambda step: step.plan.extra_time_s,
-            predict=model.predict, observe=lambda step, _: model.observe(step, self.realized_graph(
-                step.plan.recomputed_tag_targets), self.realize(step)),
-            top_scale=model.top_scale(targets), first_scale=model.first_scale(targets), plan_key=lambda step: frozenset(step.plan.recomputed_tag_targets))
+            targets, solve, self.realize, extra_time_s, predict=model.predict,
+            observe=lambda step, realized: model.observe(
+                step, self.realized_graph(step.plan.recomputed_tag_targets), realized),
+            top_scale=model.top_scale(targets), first_scale=model.first_scale(targets),
+            plan_key=lambda step: frozenset(step.plan.recomputed_tag_targets))
         if result is None:  # the model did not find a plan that holds: search with dry runs
             solver_save_all = fs.Realized(self.graph.saved_activation_bytes, free.plan.peak_bytes)
             first_guess = {fs.ACTIVATION: lambda t: t * solver_save_all.saved_bytes // max(save_all.saved_bytes, 1),
@@ -94,7 +96,7 @@ class ThroughFusion:
                 targets,
                 plan_at=solve,
                 realize=self.realize,
-                extra_time_s=lambda step: step.plan.extra_time_s,
+                extra_time_s=extra_time_s,
                 solver_value=lambda step, name: step.plan.saved_bytes if name == fs.ACTIVATION else step.plan.peak_bytes,
                 first_guess={n: max(first_guess[n](t), 0) for n, t in targets.items()},
                 first_slope={fs.ACTIVATION: save_all.saved_bytes / max(solver_save_all.saved_bytes, 1)},
@@ -171,8 +173,8 @@ class _RealizedModel:
             self.peak_offset_bytes = realized.peak_bytes - step.plan.peak_bytes
 
     def first_scale(self, targets) -> float:
-        """The scale of `targets` the solver's budgets are expected to need: Thunder alone's realized
-        bytes against the solver's (activations), the realized peak less the offset (step peak)."""
+        """The scale of `targets` the solver's budgets are expected to need: the solver's save-all bytes
+        against what the model predicts of them (activations), the realized peak less the offset (step peak)."""
         saved = self.unfused.saved_activation_bytes / max(self.saved.saved_bytes(self.unfused.saved_names), 1)
         scales = {fs.ACTIVATION: lambda t: saved, fs.PEAK: lambda t: (t - self.peak_offset_bytes) / max(t, 1)}
         return min(scales[n](t) for n, t in targets.items())
