@@ -48,7 +48,7 @@ CASES = {
 }
 SUMMARY_HEADER = ["case", "ops", "units", "save-all GB", "per-block GB (+ms)", "least peak GB (+ms)",
                   "no plan below GB", "menus built s", "graph s"]
-PLAN_HEADER = ["case", "budget GB", "solver", "peak GB", "extra ms", "gap", "solve s", "plan from"]
+PLAN_HEADER = ["case", "budget GB", "solver", "peak GB", "extra ms", "gap", "solve s", "plan from", "bound from"]
 
 
 def load_problem(name: str, parallel, executors, seq: int) -> tuple[RecomputeProblem, float]:
@@ -63,11 +63,12 @@ def _solve(problem, solver: str, budget_bytes: int, options) -> list[str]:
     try:
         plan = SOLVERS[solver](problem, peak_budget_bytes=budget_bytes, options=options)
     except (InfeasibleBudgetError, TimeoutError) as e:
-        return [solver, type(e).__name__, str(e)[:160].replace("|", "/"), "", f"{time.perf_counter() - start_s:.1f}", ""]
+        return [solver, type(e).__name__, str(e)[:160].replace("|", "/"), "", f"{time.perf_counter() - start_s:.1f}", "", ""]
     gap = "-" if plan.gap is None else f"{plan.gap:.2%}"
     source = next((n.split("the plan is ")[-1].rstrip("'s") for n in plan.notes if "the plan is " in n), plan.status)
+    bound = next((n.rsplit("(", 1)[-1].rstrip(")") for n in plan.notes if n.startswith("certified lower bound")), "-")
     return [solver, f"{plan.peak_bytes / GB:.2f}", f"{plan.extra_time_s * 1e3:.1f}", gap,
-            f"{plan.solve_time_s:.1f}", source]
+            f"{plan.solve_time_s:.1f}", source, bound]
 
 
 def run_case(label: str, seq: int, with_ilp: bool, time_limit_s: float) -> tuple[list[str], list[list[str]]]:

@@ -67,6 +67,8 @@ class LayeredOptions:
         bound_time_limit_s: CP-SAT limit for the lower bound (0: no bound, `gap` None).
         time_quantum_s: resolution of op times in CP-SAT.
         num_workers: CP-SAT workers for the bound (the menus use 1).
+        gap_tolerance: CP-SAT (bound and polisher) is skipped when the LP and knapsack bounds already
+            certify the plan within this relative gap (as a MIP solver's relative gap tolerance).
     """
 
     max_menu_entries: int = 40
@@ -76,6 +78,7 @@ class LayeredOptions:
     bound_time_limit_s: float = 5.0
     time_quantum_s: float = 1e-8
     num_workers: int = 8
+    gap_tolerance: float = 0.01
 
 
 # --------------------------------------------------------------------------------------------
@@ -508,7 +511,8 @@ def solve_layered(
     else:
         bound = lower_bound(problem, budgets, time_limit_s=options.bound_time_limit_s,
                             time_quantum_s=options.time_quantum_s, num_workers=options.num_workers,
-                            hint_units=best[1].units if best else None)
+                            hint_units=best[1].units if best else None,
+                            incumbent_s=best[1].extra_time_s if best else None, gap_tolerance=options.gap_tolerance)
         polished = _fastest_fitting([("the relaxation (CP-SAT)", evaluate_units(problem, u)) for u in bound.candidates], budgets)
         if polished is not None and (best is None or polished[1].extra_time_s < best[1].extra_time_s):
             best = polished

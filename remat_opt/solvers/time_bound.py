@@ -1,6 +1,6 @@
 """Proven lower bounds on the least recompute time of any plan under a budget (the certified gap).
 
-Two relaxations of the simulated step peak, both built on `solvers.peak_model` (a lower bound on the
+Three relaxations of the simulated step peak, built on `solvers.peak_model` (a lower bound on the
 simulated live bytes at every event, so every fitting plan meets its rows):
 
 * `knapsack_time_bound`: one event at a time as a fractional knapsack. Save-all's live bytes there
@@ -12,10 +12,12 @@ simulated live bytes at every event, so every fitting plan meets its rows):
   an input not alive there in save-all is kept (its bytes, shared among its readers) or rebuilt (its
   writer's time); a Lagrangian multiplier prices the bytes, and every multiplier gives a bound. The
   largest over a sample of events is the bound.
+* `solvers.lp_bound.lp_time_bound`: every event at once, one covering LP (HiGHS) with what the rerun
+  ops read kept or rebuilt, transitively; `relaxation_bound` takes the larger of it and the knapsack.
 * `lower_bound`: CP-SAT on the whole untied model (`solvers.ilp_model`) with the peak model's rows,
   schedule rows (`solvers.schedule_rows`) and no-good cuts added where its answers break the
   simulation, within a time limit; its proven objective bound. Its plans that fit are candidates
-  (the polisher). It also takes the knapsack bound, so it never reports less.
+  (the polisher). It also takes `relaxation_bound`, so it never reports less.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from remat_opt.solvers._common import Budgets
 from remat_opt.solvers.blocks import Ties
 from remat_opt.solvers.ilp_model import ILPModel, ILPOptions
 from remat_opt.solvers.ilp_peak import _simulated_violation, model_live_bytes
+from remat_opt.solvers.lp_bound import lp_time_bound
 from remat_opt.solvers.peak_model import peak_model_of
 from remat_opt.solvers.schedule_rows import add_schedule_row
 
@@ -53,17 +56,20 @@ class TimeBound:
 
 
 def lower_bound(problem: RecomputeProblem, budgets: Budgets, *, time_limit_s: float, time_quantum_s: float = 1e-8,
-                num_workers: int = 8, hint_units: tuple[str, ...] | None = None) -> TimeBound:
+                num_workers: int = 8, hint_units: tuple[str, ...] | None = None, incumbent_s: float | None = None,
+                gap_tolerance: float = 0.0) -> TimeBound:
     """Least time of the untied CP-SAT model under the peak model's rows (a relaxation of the
-    simulated peak), within `time_limit_s`: its proven bound, or the knapsack bound when larger, is
-    a lower bound on every plan's time under `budgets` (None: the budgets are proven infeasible)."""
-    knapsack_s = knapsack_time_bound(problem, budgets)
-    if knapsack_s is None:
-        return TimeBound(None)
-    if time_limit_s <= 0:
-        return TimeBound(knapsack_s)
+    simulated peak), within `time_limit_s`: its proven bound, or `relaxation_bound` when larger, is
+    a lower bound on every plan's time under `budgets` (None: the budgets are proven infeasible).
+    CP-SAT is not run when `relaxation_bound` already puts `incumbent_s` (a fitting plan's time)
+    within `gap_tolerance` of the optimum."""
     deadline = time.perf_counter() + time_limit_s
-    source = "the knapsack bound"
+    relaxed_s, source = relaxation_bound(problem, budgets, time_limit_s=time_limit_s / 2)
+    if relaxed_s is None:
+        return TimeBound(None)
+    close = incumbent_s is not None and incumbent_s - relaxed_s <= gap_tolerance * incumbent_s
+    if time_limit_s <= 0 or close:
+        return TimeBound(relaxed_s, source=source)
     ilp_options = ILPOptions(time_quantum_s=time_quantum_s, num_workers=num_workers)
     form = ILPModel(problem, Ties(), ilp_options)
     if budgets.activation_bytes is not None:
@@ -82,7 +88,7 @@ def lower_bound(problem: RecomputeProblem, budgets: Budgets, *, time_limit_s: fl
     quantum = time_quantum_s
     slack_s = sum(max(0.0, round(problem.op_time_s[o] / quantum) * quantum - problem.op_time_s[o])
                   for o in problem.rerunnable_ops)
-    best_bound, candidates, hint = knapsack_s, [], None
+    best_bound, candidates, hint = relaxed_s, [], None
     cp_sat = "the CP-SAT relaxation"
     while time.perf_counter() < deadline:
         # Half the time left per solve: a plan that breaks a row then still leaves time to add it.
@@ -114,6 +120,21 @@ def lower_bound(problem: RecomputeProblem, budgets: Budgets, *, time_limit_s: fl
             form.add_no_good(solution)
             hint = None
     return TimeBound(max(0.0, best_bound), False, tuple(candidates), source)
+
+
+def relaxation_bound(problem: RecomputeProblem, budgets: Budgets, *, time_limit_s: float) -> tuple[float | None, str]:
+    """``(seconds, source)``: the larger of the knapsack bound and, under a peak budget, the LP bound
+    (`solvers.lp_bound`, within `time_limit_s`; left out without scipy); None: proven infeasible."""
+    knapsack_s = knapsack_time_bound(problem, budgets)
+    if knapsack_s is None or budgets.peak_bytes is None or time_limit_s <= 0:
+        return knapsack_s, "the knapsack bound"
+    try:
+        found = lp_time_bound(problem, budgets.peak_bytes, time_limit_s=time_limit_s)
+    except ImportError:  # scipy (HiGHS) is not installed: the knapsack bound alone
+        return knapsack_s, "the knapsack bound"
+    if found.time_s is None:
+        return None, "the LP bound"
+    return (found.time_s, "the LP bound") if found.time_s > knapsack_s else (knapsack_s, "the knapsack bound")
 
 
 def _storage_costs_s(problem: RecomputeProblem) -> dict[str, float]:

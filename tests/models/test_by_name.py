@@ -69,7 +69,9 @@ def test_analyze_model_passes_the_data_parallel_options_to_the_graph():
     one rank's FSDP graph gathers its weights, in Thunder's order all before the first computation,
     and with one collective in flight only the first (`tests/distributed/test_data_parallel.py` counts
     those in flight)."""
-    common = dict(seq=32, n_layer=4, traced_layers=0, tiny=True, dtype="float32")  # the nvFuser stand-in
+    # the graphs of the CLI's tests (`tests/cli`: ``--tiny --n-layer 1 --device meta``, the nvFuser
+    # stand-in, bfloat16): within one run they are traced once and shared through the graph cache
+    common = dict(seq=32, n_layer=1, tiny=True)
     single = remat_opt.analyze_model("Llama-2-7b-hf", **common)
     fsdp = remat_opt.analyze_model("Llama-2-7b-hf", strategy="fsdp", world_size=2, **common)
     in_flight = remat_opt.analyze_model("Llama-2-7b-hf", strategy="fsdp", world_size=2, collectives_in_flight=1,

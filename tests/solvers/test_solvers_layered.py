@@ -20,7 +20,7 @@ from synthetic import chain_graph, random_problem, stacked_blocks_graph
 
 # Activations dominate the step (large block tensors, small gradients), as in a transformer.
 ACTIVATION_HEAVY = {"inner_numels": (512, 1024, 2048), "grad_numels": (16, 64)}
-OPTIONS = LayeredOptions(bound_time_limit_s=3.0)
+OPTIONS = LayeredOptions(bound_time_limit_s=3.0, gap_tolerance=0.0)  # the polisher always runs: exact where it can be
 
 
 def _problem(seed: int, n_blocks: int | None = None, block_ops: int | None = None) -> RecomputeProblem:

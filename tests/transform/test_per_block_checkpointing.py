@@ -30,7 +30,9 @@ def _model(name: str):
 _PER_BLOCK_STEPS: dict = {}  # family -> its per-block planned step, reused by the layered test (one compile less)
 
 
-@pytest.mark.parametrize("name", ["Llama-2-7b-hf", "pythia-14m"])
+# Pythia (parallel residual) measured the same (2026-12-06); it runs in the extended tier to keep the
+# README's test command under 8 minutes.
+@pytest.mark.parametrize("name", ["Llama-2-7b-hf", pytest.param("pythia-14m", marks=pytest.mark.extended)])
 def test_per_block_checkpointing_is_applied_as_predicted(name):
     model, inputs = _model(name)
     jitted = thunder.jit(model, transforms=[CostRemat(solver="per_block", device_spec="cpu")],

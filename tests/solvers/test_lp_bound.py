@@ -1,0 +1,89 @@
+"""The LP bound (`solvers.lp_bound`) against brute force: never above the least recompute time of any
+plan whose simulated step peak fits, and "infeasible" only where no plan fits."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from remat_opt.core.plan import derive
+from remat_opt.core.simulation import simulate_peak_bytes
+from remat_opt.solvers import SOLVERS, ILPOptions, solve_ilp
+from remat_opt.solvers._common import Budgets
+from remat_opt.solvers.lp_bound import lp_time_bound
+from remat_opt.solvers.time_bound import knapsack_time_bound
+from synthetic import random_problem
+from test_solvers_layered import _budgets, _problem as _layered_problem
+
+pytest.importorskip("scipy")
+
+
+@functools.cache
+def _every_plan(seed: int) -> tuple[tuple[int, float], ...]:
+    """(simulated peak, extra time) of every set of allowed units of `random_problem(seed)`."""
+    problem = random_problem(seed)
+    units = problem.allowed_units
+    found = []
+    for mask in range(1 << len(units)):
+        targets = {t for i, u in enumerate(units) if mask >> i & 1 for t in problem.units[u].tag_targets}
+        extra_s = sum(problem.op_time_s[o] for o in derive(problem.graph, targets).demanded_ops)
+        found.append((simulate_peak_bytes(problem.graph, targets), extra_s))
+    return tuple(found)
+
+
+SEEDS = [seed for seed in range(80) if len(random_problem(seed).allowed_units) <= 9]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_lp_bound_never_exceeds_the_brute_force_optimum(seed):
+    problem = random_problem(seed)
+    plans = _every_plan(seed)
+    peaks = sorted({peak for peak, _ in plans})
+    for budget in {peaks[0] - 1, peaks[0], peaks[len(peaks) // 3], peaks[2 * len(peaks) // 3], peaks[-1] - 1}:
+        fitting = [t for peak, t in plans if peak <= budget]
+        bound = lp_time_bound(problem, budget, time_limit_s=10.0)
+        if not fitting:
+            continue  # the LP may or may not prove it; it must never claim a fitting budget infeasible
+        assert bound.time_s is not None, (seed, budget)
+        assert bound.time_s <= min(fitting) + 1e-12, (seed, budget, bound.time_s, min(fitting))
+
+
+def test_seeds_cover_enough_cases():
+    assert len(SEEDS) >= 30
+
+
+@pytest.mark.parametrize("seed", range(1, 7))
+def test_on_layered_graphs_the_lp_bound_is_below_the_exact_optimum_and_can_beat_the_knapsack(seed):
+    """Stacked residual blocks at budgets from per-block checkpointing's peak up: the bound is at most
+    the ILP's proven optimum; where the knapsack looks at one event at a time, the LP's rows together
+    often prove more."""
+    problem = _layered_problem(seed)
+    for budget in _budgets(problem, [0.05, 0.3]):
+        try:
+            exact = solve_ilp(problem, peak_budget_bytes=budget, options=ILPOptions(tie_blocks=False, time_limit_s=10))
+        except TimeoutError:
+            continue
+        if exact.status != "optimal":
+            continue
+        bound = lp_time_bound(problem, budget, time_limit_s=10.0)
+        assert bound.complete
+        assert bound.time_s <= exact.extra_time_s + 1e-12, (seed, budget, bound.time_s, exact.extra_time_s)
+
+
+def test_cp_sat_is_skipped_when_the_relaxations_certify_the_plan_within_the_tolerance(monkeypatch):
+    """`LayeredOptions.gap_tolerance`: a plan certified within it by the LP or knapsack bound needs no
+    CP-SAT (neither its bound nor its polish); at 0 CP-SAT runs."""
+    from remat_opt.solvers import LayeredOptions, solve_layered
+    from remat_opt.solvers import time_bound
+
+    problem = _layered_problem(2)
+    (budget,) = _budgets(problem, [0.3])
+    calls = []
+    real = time_bound.ILPModel
+    monkeypatch.setattr(time_bound, "ILPModel", lambda *a, **k: calls.append(1) or real(*a, **k))
+    plan = solve_layered(problem, peak_budget_bytes=budget, options=LayeredOptions(gap_tolerance=1.0))
+    assert calls == [] and plan.gap <= 1.0
+    assert any("(the LP bound)" in n or "(the knapsack bound)" in n for n in plan.notes), plan.notes
+    solve_layered(problem, peak_budget_bytes=budget, options=LayeredOptions(gap_tolerance=0.0, bound_time_limit_s=1.0))
+    assert calls == [1]
