@@ -152,6 +152,18 @@ class JointGraph:
         return {name: tuple(ops) for name, ops in readers.items()}
 
     @cached_property
+    def ops_by_tag_target(self) -> dict[str, tuple[OpNode, ...]]:
+        """Tag target -> the forward ops its tag re-runs (read-only; `core.plan.tag_target_ops`)."""
+        by_target: dict[str, list[OpNode]] = {}
+        for op in self.forward_ops:
+            targets = op.tag_units or tuple(
+                dict.fromkeys(o.tag_target for o in map(self.origins.get, op.outputs) if o and o.tag_target)
+            )
+            for target in targets:
+                by_target.setdefault(target, []).append(op)
+        return {target: tuple(ops) for target, ops in by_target.items()}
+
+    @cached_property
     def nx(self) -> nx.DiGraph:
         """Bipartite DiGraph: op nodes (``op=True``) and tensor nodes, edges along data flow."""
         g = nx.DiGraph()

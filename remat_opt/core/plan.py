@@ -123,16 +123,9 @@ class Derivation:
     unavailable: tuple[str, ...] = field(default=())
 
 
-def tag_target_ops(graph: JointGraph) -> dict[str, list[OpNode]]:
-    """Tag target -> the forward ops its tag re-runs."""
-    by_target: dict[str, list[OpNode]] = {}
-    for op in graph.forward_ops:
-        targets = op.tag_units or tuple(
-            dict.fromkeys(o.tag_target for o in map(graph.origins.get, op.outputs) if o and o.tag_target)
-        )
-        for target in targets:
-            by_target.setdefault(target, []).append(op)
-    return by_target
+def tag_target_ops(graph: JointGraph) -> dict[str, tuple[OpNode, ...]]:
+    """Tag target -> the forward ops its tag re-runs (computed once per graph; read-only)."""
+    return graph.ops_by_tag_target
 
 
 def recomputed_ops(graph: JointGraph, tag_targets: Iterable[str]) -> frozenset[str]:

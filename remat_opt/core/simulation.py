@@ -76,13 +76,15 @@ class _Live:
         if tensor in self.key_of:
             self.remove(tensor)
         self.key_of[tensor] = key
-        nbytes = round_up_bytes(nbytes, self.granularity_bytes)
-        if self.refs.get(key, 0) == 0:
+        refs = self.refs.get(key, 0)
+        if refs == 0:
+            if self.granularity_bytes != 1:
+                nbytes = round_up_bytes(nbytes, self.granularity_bytes)
             self.total += nbytes
             self.bytes_of[key] = nbytes
             self.kind_of[key] = kind
             self.by_kind[kind] += nbytes
-        self.refs[key] = self.refs.get(key, 0) + 1
+        self.refs[key] = refs + 1
 
     def hold(self, holder: str, tensors) -> None:
         """`holder` keeps the live storages of `tensors` alive until it is removed itself (an async
@@ -95,8 +97,9 @@ class _Live:
                 self.held.setdefault(holder, []).append(reference)
 
     def remove(self, tensor: str) -> None:
-        for reference in self.held.pop(tensor, ()):
-            self.remove(reference)
+        if self.held:
+            for reference in self.held.pop(tensor, ()):
+                self.remove(reference)
         key = self.key_of.pop(tensor, None)
         if key is None:
             return
@@ -154,10 +157,15 @@ def _simulate_forward(graph: JointGraph, saved: set[str], live: _Live, events: l
 def _backward_schedule(graph: JointGraph, demanded: Iterable[str]) -> list[tuple[OpNode, bool]]:
     """Backward ops with demanded recomputed ops inserted right before their first consumer
     (depth-first: a recomputed op's recomputed inputs run before it)."""
-    by_name = {op.name: op for op in graph.forward_ops}
-    rec_producer = {out: by_name[n] for n in demanded for out in by_name[n].outputs}
+    demanded = set(demanded)
+    rec_producer = {}
+    for op in graph.forward_ops:
+        if op.name in demanded:
+            rec_producer.update(dict.fromkeys(op.outputs, op))
     done: set[str] = set()
     schedule: list[tuple[OpNode, bool]] = []
+    if not rec_producer:
+        return [(op, False) for op in graph.backward_ops]
     for op in graph.backward_ops:
         for name in op.inputs:
             stack = [(rec_producer[name], False)] if name in rec_producer else []

@@ -71,9 +71,10 @@ def test_on_layered_graphs_the_lp_bound_is_below_the_exact_optimum_and_can_beat_
         assert bound.time_s <= exact.extra_time_s + 1e-12, (seed, budget, bound.time_s, exact.extra_time_s)
 
 
-def test_cp_sat_is_skipped_when_the_relaxations_certify_the_plan_within_the_tolerance(monkeypatch):
-    """`LayeredOptions.gap_tolerance`: a plan certified within it by the LP or knapsack bound needs no
-    CP-SAT (neither its bound nor its polish); at 0 CP-SAT runs."""
+def test_cp_sat_runs_only_where_the_relaxations_leave_a_gap_and_the_graph_is_small(monkeypatch):
+    """`LayeredOptions.gap_tolerance` and `cp_sat_max_units`: a plan the LP or knapsack bound certifies
+    within the tolerance, or a graph of at least `cp_sat_max_units` units, gets no CP-SAT (neither
+    its bound nor its polish); otherwise it runs."""
     from remat_opt.solvers import LayeredOptions, solve_layered
     from remat_opt.solvers import time_bound
 
@@ -82,8 +83,9 @@ def test_cp_sat_is_skipped_when_the_relaxations_certify_the_plan_within_the_tole
     calls = []
     real = time_bound.ILPModel
     monkeypatch.setattr(time_bound, "ILPModel", lambda *a, **k: calls.append(1) or real(*a, **k))
-    plan = solve_layered(problem, peak_budget_bytes=budget, options=LayeredOptions(gap_tolerance=1.0))
-    assert calls == [] and plan.gap <= 1.0
-    assert any("(the LP bound)" in n or "(the knapsack bound)" in n for n in plan.notes), plan.notes
+    for options in (LayeredOptions(gap_tolerance=1.0), LayeredOptions(gap_tolerance=0.0, cp_sat_max_units=1)):
+        plan = solve_layered(problem, peak_budget_bytes=budget, options=options)
+        assert calls == [] and plan.gap is not None
+        assert any("(the LP bound)" in n or "(the knapsack bound)" in n for n in plan.notes), plan.notes
     solve_layered(problem, peak_budget_bytes=budget, options=LayeredOptions(gap_tolerance=0.0, bound_time_limit_s=1.0))
     assert calls == [1]
