@@ -71,10 +71,11 @@ class LayeredOptions:
         gap_tolerance: CP-SAT (bound and polisher) is skipped when the LP and knapsack bounds already
             certify the plan within this relative gap (as a MIP solver's relative gap tolerance).
         cp_sat_max_units: CP-SAT (bound and polisher) runs on graphs with fewer recomputable units
-            than this. On larger ones it never improved the plan or the bound within its limit in the
-            cases measured (3,959 to 9,863 units: Llama-3-8B and 70B under FSDP, 2026-12-07), and
-            building its model alone took 2-4 s per budget; on Llama-2-7b (580 units) it proved a
-            sweep point optimal in 2.8 s.
+            than this. In `benchmarks/layered_scale.py`'s cases of 3,959 to 9,863 units (Llama-3-8B
+            and 70B under FSDP, 2026-12-07) it never improved the plan or the bound within its
+            limit, and building its model alone took 2-4 s per budget; it did prove one point near
+            save-all of the stand-in 70B sweep. On Llama-2-7b (580 units) it proves sweep points
+            optimal in seconds.
     """
 
     max_menu_entries: int = 40
