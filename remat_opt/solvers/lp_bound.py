@@ -1,5 +1,5 @@
 """`lp_time_bound`: a lower bound on the least recompute time under a step-peak budget, from one
-linear program over every event of the step (row generation), with what a rerun op reads.
+linear program over every event of the step (row generation), with what rerun ops read.
 
 The knapsack bound (`solvers.time_bound`) looks at one event at a time. Here every event is a row of
 one covering LP, so a storage dropped to meet one event's budget is paid for once and counts at
@@ -8,19 +8,22 @@ every event where it would have been alive. Variables, all in [0, 1]:
 * ``r[o]`` per rerunnable forward op: the op reruns in the backward (cost: its time). A storage
   save-all keeps alive at an event is gone there only if the op writing its base reruns (a
   recomputed view needs its base; a recomputed copy is as large).
-* ``k[i]`` per storage a rerun op reads: kept for the rerun. ``k[i] >= r[o] - r[w(i)]``: an input of
-  a rerun op is saved unless its own writer reruns (`core.plan.derive`).
+* ``k[i, step]`` per storage a rerun op may read, one per distinct "earliest rerun" of its readers:
+  kept for a reader that cannot rerun before that event. ``k >= r[o] - r[p]`` for each such reader
+  ``o`` reading tensor ``t`` of the storage, ``p`` the producer of ``t``: an input of a rerun op is
+  saved unless its own producer reruns (`core.plan.derive`), and then that producer is a variable
+  too, whose inputs are kept or rebuilt in turn (transitively).
 
-Row of event ``e`` (save-all's live bytes there, exact in `solvers.peak_model`, less the budget, must
-go): ``sum bytes(s) r[w(s)] - sum bytes(i) k[i] >= live_save_all(e) - budget``, where
+Row of event ``e`` (save-all's live bytes there, exact in `solvers.peak_model`, less the budget,
+must go): ``sum bytes(s) r[w(s)] - sum bytes(i) k[i, step] >= live_save_all(e) - budget``, where
 
-* ``s`` ranges over storages save-all keeps alive at ``e`` only because they are saved, and whose
-  writer's earliest possible rerun comes after ``e``: a rerun runs right before the first backward
-  op reading one of the writer's outputs (`core.simulation`), so from then on the storage is alive
-  whichever is decided;
-* ``i`` ranges over inputs of those writers that save-all does not keep alive at ``e``, counted only
-  where the writer cannot rerun before ``e`` (even pulled earlier by a recomputation that reads it):
-  then a kept input is alive at ``e``.
+* ``s`` ranges over storages save-all keeps alive at ``e`` only because they are saved, before the
+  first backward op reading any output of their writer: a rerun runs right before that op
+  (`core.simulation`), so from then on the storage is alive whichever is decided; a needed alias
+  that no unit reruns keeps it too;
+* ``k[i, step]`` counts at the events before ``step`` (and after the next lower step) where save-all
+  does not keep ``i`` alive: a reader's earliest rerun is the first backward read of its outputs,
+  pulled earlier by any recomputation that reads them, so a kept input is alive until then.
 
 Every plan meets every row (its live bytes are at least the row's), so the LP optimum over any subset
 of rows is a lower bound; rows are added where the LP's answer breaks the most, until none breaks.
@@ -142,8 +145,7 @@ def _save_all_alive(model: PeakModel, storage: str, needed: set[str]) -> list[tu
     """Events where save-all keeps `storage` alive: its forward life, its saved span, its reads."""
     lo = model.storage_lo[storage]
     his = [model.alias_hi[a] for a in model.aliases[storage] if a in needed]
-    first = lo  # the forward life starts before lo; only events at or after it matter for a keep
-    spans = [(0, lo - 1)] if first > 0 else []
+    spans = [(0, lo - 1)] if lo > 0 else []  # before lo: not yet written, or in its forward life
     if his:
         spans.append((lo, max(his)))
     spans.extend(model.covered.get(storage, ()))
@@ -171,7 +173,7 @@ def _terms(problem: RecomputeProblem) -> _Terms:
             pieces.append((o, start, end, model.nbytes[storage]))
     # Every op a plan may rerun reads its inputs then: each is kept (saved) or rebuilt by its own
     # producer, which then reads its inputs, and so on: the rerunnable producers join as variables.
-    readers: dict[str, list[tuple[int, str]]] = {}  # storage -> (earliest rerun event, reader op)
+    readers: dict[str, list[tuple[int, str, str]]] = {}  # storage -> (earliest rerun, reader op, tensor read)
     todo = list(op_index)
     while todo:
         name = todo.pop()
@@ -235,9 +237,11 @@ def _row_matrix(terms: _Terms, events: np.ndarray, n_ops: int):
     data, rows, cols = [], [], []
     for row, event in enumerate(events):
         on = (terms.piece_start <= event) & (terms.piece_end >= event)
-        data.append(terms.piece_bytes[on]); cols.append(terms.piece_op[on])
+        data.append(terms.piece_bytes[on])
+        cols.append(terms.piece_op[on])
         keep = (terms.keep_start <= event) & (terms.keep_end >= event)
-        data.append(-terms.keep_bytes[keep]); cols.append(n_ops + terms.keep_piece[keep])
+        data.append(-terms.keep_bytes[keep])
+        cols.append(n_ops + terms.keep_piece[keep])
         rows.append(np.full(int(on.sum() + keep.sum()), row))
     shape = (len(events), n_ops + len(terms.keeps))
     return sparse.csr_matrix((np.concatenate(data), (np.concatenate(rows), np.concatenate(cols))), shape=shape)
@@ -317,14 +321,9 @@ def lp_time_bound(problem: RecomputeProblem, peak_budget_bytes: int, *, time_lim
 
 def _spread_rows(weights: np.ndarray, count: int, taken: set[int]) -> list[int]:
     """Up to `count` events of positive weight, heaviest first, not in `taken`."""
-    order = np.argsort(-weights, kind="stable")
-    found = []
-    for event in order[: count * 4]:
-        if weights[event] <= 0 or len(found) == count:
-            break
-        if int(event) not in taken:
-            found.append(int(event))
-    return found
+    positive = np.flatnonzero(weights > 0)
+    order = positive[np.argsort(-weights[positive], kind="stable")]
+    return [int(e) for e in order if int(e) not in taken][:count]
 
 
 def _dual_bound(cost: np.ndarray, a_ub, b_ub: np.ndarray, marginals: np.ndarray, scale_s: float) -> float:
