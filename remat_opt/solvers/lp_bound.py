@@ -41,7 +41,7 @@ import numpy as np
 
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers.ilp_peak import model_live_bytes
-from remat_opt.solvers.peak_model import PeakModel, peak_model_of
+from remat_opt.solvers.peak_model import PeakModel, _merge, peak_model_of
 
 _INF = np.iinfo(np.int64).max // 4
 
@@ -129,16 +129,6 @@ def _subtract(spans: list[tuple[int, int]], holes: list[tuple[int, int]]) -> lis
         if start <= end:
             out.append((start, end))
     return out
-
-
-def _merge(spans) -> list[tuple[int, int]]:
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted(spans):
-        if merged and start <= merged[-1][1] + 1:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
 
 
 def _save_all_alive(model: PeakModel, storage: str, needed: set[str]) -> list[tuple[int, int]]:

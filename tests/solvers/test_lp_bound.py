@@ -3,33 +3,15 @@ plan whose simulated step peak fits, and "infeasible" only where no plan fits.""
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
-from remat_opt.core.plan import derive
-from remat_opt.core.simulation import simulate_peak_bytes
-from remat_opt.solvers import SOLVERS, ILPOptions, solve_ilp
-from remat_opt.solvers._common import Budgets
+from remat_opt.solvers import ILPOptions, solve_ilp
 from remat_opt.solvers.lp_bound import lp_time_bound
-from remat_opt.solvers.time_bound import knapsack_time_bound
 from synthetic import random_problem
 from test_solvers_layered import _budgets, _problem as _layered_problem
+from test_solvers_peak import _brute_force
 
 pytest.importorskip("scipy")
-
-
-@functools.cache
-def _every_plan(seed: int) -> tuple[tuple[int, float], ...]:
-    """(simulated peak, extra time) of every set of allowed units of `random_problem(seed)`."""
-    problem = random_problem(seed)
-    units = problem.allowed_units
-    found = []
-    for mask in range(1 << len(units)):
-        targets = {t for i, u in enumerate(units) if mask >> i & 1 for t in problem.units[u].tag_targets}
-        extra_s = sum(problem.op_time_s[o] for o in derive(problem.graph, targets).demanded_ops)
-        found.append((simulate_peak_bytes(problem.graph, targets), extra_s))
-    return tuple(found)
 
 
 SEEDS = [seed for seed in range(80) if len(random_problem(seed).allowed_units) <= 9]
@@ -38,7 +20,7 @@ SEEDS = [seed for seed in range(80) if len(random_problem(seed).allowed_units) <
 @pytest.mark.parametrize("seed", SEEDS)
 def test_the_lp_bound_never_exceeds_the_brute_force_optimum(seed):
     problem = random_problem(seed)
-    plans = _every_plan(seed)
+    plans = _brute_force(seed)  # (simulated peak, extra time) of every plan
     peaks = sorted({peak for peak, _ in plans})
     for budget in {peaks[0] - 1, peaks[0], peaks[len(peaks) // 3], peaks[2 * len(peaks) // 3], peaks[-1] - 1}:
         fitting = [t for peak, t in plans if peak <= budget]
@@ -54,10 +36,9 @@ def test_seeds_cover_enough_cases():
 
 
 @pytest.mark.parametrize("seed", range(1, 7))
-def test_on_layered_graphs_the_lp_bound_is_below_the_exact_optimum_and_can_beat_the_knapsack(seed):
+def test_on_layered_graphs_the_lp_bound_is_below_the_exact_optimum(seed):
     """Stacked residual blocks at budgets from per-block checkpointing's peak up: the bound is at most
-    the ILP's proven optimum; where the knapsack looks at one event at a time, the LP's rows together
-    often prove more."""
+    the ILP's proven optimum, with every event's row holding at the LP's answer."""
     problem = _layered_problem(seed)
     for budget in _budgets(problem, [0.05, 0.3]):
         try:
