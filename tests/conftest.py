@@ -58,7 +58,7 @@ def pytest_unconfigure(config):
 # light tests, not with the other long ones.
 # test_distributed.py is one scope (a module-wide 2-rank spawn, ~2 min): started last, it ran alone
 # at the end. The extended files (README: -m extended) come after the rest of the longest.
-_LONGEST_FIRST = ("test_distributed.py", "test_deepen.py", "test_transform.py", "test_nvfuser_standin.py",
+_LONGEST_FIRST = ("test_distributed.py", "test_transform.py", "test_nvfuser_standin.py",
                   "test_extract.py", "test_data_parallel.py", "test_costmodels_families.py", "test_cli.py",
                   "test_per_block_checkpointing.py", "test_deepen_parallel.py", "test_notebook.py",
                   "test_torch_fsdp.py")

@@ -91,6 +91,7 @@ def test_every_option_has_help_and_shows_its_default(command, capsys):
             assert f"(default: {action.default})" in text, (command, action.option_strings)
 
 
+@pytest.mark.extended  # the traces of test_deepen's extended case (shared through the graph cache)
 def test_deep_configs_on_meta_are_traced_shallow_and_extended(capsys):
     # the config of test_deepen's Llama-2 case (the nvFuser stand-in, the default on meta, from 4 traced
     # layers): within one run, its traced graphs are cached and shared

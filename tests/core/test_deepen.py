@@ -27,7 +27,9 @@ CASES = {
 # with --executors default) checks them at full width.
 
 
-@pytest.fixture(scope="module", params=sorted(CASES))
+# Its two traces (4 and 5 layers, ~85 s on 2 cores) run in the extended tier (README), beside
+# `benchmarks/deepen_check.py`'s 8- and 32-layer checks; the error cases below run in every suite.
+@pytest.fixture(scope="module", params=[pytest.param(k, marks=pytest.mark.extended) for k in sorted(CASES)])
 def extended_and_direct(request):
     name, executors, traced = CASES[request.param]
     kwargs = dict(seq=32, dtype="float32", n_layer=traced + 1, tiny=True, executors=executors)

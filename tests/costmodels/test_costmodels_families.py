@@ -27,6 +27,9 @@ pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast 
 
 LITGPT_FAMILIES = ("Llama-2-7b-hf", "Llama-3-8B", "gemma-2b", "phi-2", "pythia-14m", "Mistral-7B-v0.1")
 FAMILIES = (*LITGPT_FAMILIES, "block")
+# Gemma, Phi-2, Pythia and Mistral (one meta trace each) run in the extended tier (README).
+EVERY_SUITE = ("Llama-2-7b-hf", "Llama-3-8B", "block")
+FAMILY_PARAMS = [pytest.param(f, marks=() if f in EVERY_SUITE else pytest.mark.extended) for f in FAMILIES]
 
 
 def build_graph(family: str, executors: str, device: str):
@@ -51,20 +54,20 @@ def meta_graph():
     return get
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILY_PARAMS)
 def test_no_op_falls_back_with_fused_sdpa_on_meta(meta_graph, family):
     report = coverage_report(meta_graph(family))
     assert report.ok, report.format()
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILY_PARAMS)
 def test_runners_reproduce_every_op_on_meta(meta_graph, family):
     result = replay(meta_graph(family), "meta", time_ops=False)
     assert result.problems == []
     assert result.skipped == {}
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILY_PARAMS)
 def test_every_op_gets_a_positive_h100_time(meta_graph, family):
     costs = CostModel(meta_graph(family), "H100")
     times = [costs.op_cost(op).time_s for op in meta_graph(family).ops]

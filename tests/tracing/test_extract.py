@@ -44,8 +44,9 @@ def compiled(name: str, executors: str):
 # executors on the block and tiny Llama-2 (the other families' default compilations matched as well,
 # to the byte; left out to keep the suite's time: one compilation each).
 DEFAULT_EXECUTOR_NAMES = ("block", "Llama-2-7b-hf")
-CASES = [pytest.param(n, e, id=f"{n}-{e}") for n in ("block", *FAMILIES) for e in EXECUTOR_KINDS
-         if e == "fused" or n in DEFAULT_EXECUTOR_NAMES]
+# Llama-3, Gemma, Phi-2 and Pythia (one compilation each) run in the extended tier (README).
+CASES = [pytest.param(n, e, id=f"{n}-{e}", marks=() if n in DEFAULT_EXECUTOR_NAMES else pytest.mark.extended)
+         for n in ("block", *FAMILIES) for e in EXECUTOR_KINDS if e == "fused" or n in DEFAULT_EXECUTOR_NAMES]
 
 
 @pytest.mark.parametrize(("name", "executors"), CASES)

@@ -86,10 +86,11 @@ def budget_run(name: str, point: str):
 class _BudgetRuns:
     """CostRemat on one model family at activation budgets of `points` (one class per family, so
     that pytest-xdist's ``--dist loadscope`` spreads the families over workers). Tiny Llama-2 runs
-    three points, the others one (9 compilations of ~6 s each), rotated so that every point
-    below save-all runs on at least two families (save-all on the others is what
-    `tests/tracing/test_extract.py` checks with the same executors: predicted saved bytes equal to
-    measured). ``benchmarks/fusion_check.py --executors fused-sdpa`` runs every point on every family."""
+    three points, the others one, rotated so that every point below save-all runs on at least one
+    family in every suite and on two with the extended tier (Gemma and Phi-2 are there). Save-all on
+    the others is what `tests/tracing/test_extract.py` checks with the same executors: predicted
+    saved bytes equal to measured. ``benchmarks/fusion_check.py --executors fused-sdpa`` runs every
+    point on every family."""
 
     name: str
     points: tuple[str, ...] = BUDGET_POINTS
@@ -213,11 +214,13 @@ class TestMistral(_BudgetRuns):
     name = "Mistral-7B-v0.1"
 
 
+@pytest.mark.extended  # with TestPhi2: in the extended tier (README)
 class TestGemma(_BudgetRuns):
     points = ('25%',)
     name = "gemma-2b"
 
 
+@pytest.mark.extended
 class TestPhi2(_BudgetRuns):
     points = ('75%',)
     name = "phi-2"
