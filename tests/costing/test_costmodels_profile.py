@@ -81,6 +81,7 @@ def test_cpu_traces_have_no_fallback(llama_cpu):
     assert report.ok, report.format()
 
 
+@pytest.mark.extended  # its own trace of tiny Llama-2 (README: the extended tier)
 def test_decomposed_sdpa_has_no_fallback_and_replays_on_meta(llama_cpu_decomposed):
     report = coverage_report(llama_cpu_decomposed)
     assert report.ok, report.format()

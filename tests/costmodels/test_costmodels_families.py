@@ -27,8 +27,8 @@ pytestmark = pytest.mark.slow  # Thunder compilations: minutes in all (the fast 
 
 LITGPT_FAMILIES = ("Llama-2-7b-hf", "Llama-3-8B", "gemma-2b", "phi-2", "pythia-14m", "Mistral-7B-v0.1")
 FAMILIES = (*LITGPT_FAMILIES, "block")
-# Gemma, Phi-2, Pythia and Mistral (one meta trace each) run in the extended tier (README).
-EVERY_SUITE = ("Llama-2-7b-hf", "Llama-3-8B", "block")
+# The other families (one meta trace each) run in the extended tier (README).
+EVERY_SUITE = ("Llama-2-7b-hf", "block")
 FAMILY_PARAMS = [pytest.param(f, marks=() if f in EVERY_SUITE else pytest.mark.extended) for f in FAMILIES]
 
 

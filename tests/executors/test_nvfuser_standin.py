@@ -85,6 +85,7 @@ def test_standin_regions_run_on_cpu_and_saved_bytes_are_predicted_to_the_byte(ll
     assert measured.activation_bytes == graph.saved_activation_bytes
 
 
+@pytest.mark.extended  # two more traces of the stand-in (README: the extended tier)
 def test_saved_sets_match_by_producer_and_shape_across_devices(llama):
     """What `benchmarks/gpu_check.py` compares on a GPU (the stand-in's meta prediction against a real
     run), here between the stand-in on meta and on CPU: the same saved set per layer; one tensor

@@ -87,7 +87,7 @@ class _BudgetRuns:
     """CostRemat on one model family at activation budgets of `points` (one class per family, so
     that pytest-xdist's ``--dist loadscope`` spreads the families over workers). Tiny Llama-2 runs
     three points, the others one, rotated so that every point below save-all runs on at least one
-    family in every suite and on two with the extended tier (Gemma and Phi-2 are there). Save-all on
+    family in every suite and on two with the extended tier (Llama-3, Gemma and Phi-2 are there). Save-all on
     the others is what `tests/tracing/test_extract.py` checks with the same executors: predicted
     saved bytes equal to measured. ``benchmarks/fusion_check.py --executors fused-sdpa`` runs every
     point on every family."""
@@ -189,6 +189,7 @@ class TestLlama2(_BudgetRuns):
             torch.testing.assert_close(p.grad, expected, msg=name)
 
 
+@pytest.mark.extended
 class TestLlama3(_BudgetRuns):
     points = ('50%',)
     name = "Llama-3-8B"
