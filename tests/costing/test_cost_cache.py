@@ -61,6 +61,7 @@ def test_first_compile_profiles_then_the_cache_serves_this_and_another_process(c
     assert " 0 timed now in 0.0 s" in out.stdout
 
 
+@pytest.mark.extended  # a profiling compile of its own (README: the extended tier)
 def test_a_corrupt_or_foreign_cache_file_is_rebuilt_with_a_warning(cache):
     model, (x,) = block(batch=2, seq=16)
     graph = analyze(model, x)

@@ -86,8 +86,9 @@ def budget_run(name: str, point: str):
 class _BudgetRuns:
     """CostRemat on one model family at activation budgets of `points` (one class per family, so
     that pytest-xdist's ``--dist loadscope`` spreads the families over workers). Tiny Llama-2 runs
-    three points, the others one, rotated so that every point below save-all runs on at least one
-    family in every suite and on two with the extended tier (Llama-3, Gemma and Phi-2 are there). Save-all on
+    four points, the others one, rotated so that every point below save-all runs on at least one
+    family in every suite and on two with the extended tier (Llama-3, Mistral, Gemma and Phi-2 are
+    there). Save-all on
     the others is what `tests/tracing/test_extract.py` checks with the same executors: predicted
     saved bytes equal to measured. ``benchmarks/fusion_check.py --executors fused-sdpa`` runs every
     point on every family."""
@@ -150,7 +151,7 @@ def _backward_symbols(jitted) -> list[str]:
 
 
 class TestLlama2(_BudgetRuns):
-    points = ('save_all', '50%', 'minimum')
+    points = ('save_all', '50%', '25%', 'minimum')
     name = "Llama-2-7b-hf"
 
     def test_sdpa_and_matmuls_are_not_recomputed_when_memory_allows(self):
@@ -210,6 +211,7 @@ class TestLlama3(_BudgetRuns):
         assert "recompute" in text and "predicted step peak" in text
 
 
+@pytest.mark.extended
 class TestMistral(_BudgetRuns):
     points = ('25%',)
     name = "Mistral-7B-v0.1"
