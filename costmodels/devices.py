@@ -70,6 +70,8 @@ class DeviceSpec:
         cache_bandwidth_bytes_per_s: bandwidth of cache-resident data.
         interconnect: the link collectives between ranks use (`costmodels.interconnect`); a GPU's
             intra-node link by default (`with_interconnect` for another, e.g. InfiniBand across nodes).
+        memory_bytes: the device memory NVML reports (``nvidia-smi``'s total: a GPU's "80GB" H100
+            shows 81,559 MiB); 0 where unknown (the CPU: give the limit explicitly).
     """
 
     name: str
@@ -83,6 +85,7 @@ class DeviceSpec:
     cache_bytes: int = 0
     cache_bandwidth_bytes_per_s: float = 0.0
     interconnect: Interconnect = GLOO_LOOPBACK
+    memory_bytes: int = 0
 
     def matrix_peak(self, dtype: str) -> float:
         """Matrix FLOP/s for `dtype` (float32's for a dtype the sheet does not list)."""
@@ -103,7 +106,7 @@ def _lookup(pairs: tuple[tuple[str, float], ...], dtype: str, device: str) -> fl
 
 def _gpu(
     name: str, matrix_tflops: dict, vector_tflops: dict, bandwidth_tb_s: float, special_t: float, source: str,
-    interconnect: Interconnect,
+    interconnect: Interconnect, memory_mib: int,
 ) -> DeviceSpec:
     return DeviceSpec(
         name=name,
@@ -115,18 +118,26 @@ def _gpu(
         view_overhead_s=GPU_VIEW_OVERHEAD_S,
         source=source,
         interconnect=interconnect,
+        memory_bytes=memory_mib * 2**20,
     )
 
 
 _HOPPER_MATRIX = {"float64": 67.0, "float32": 67.0, "tfloat32": 494.7, "bfloat16": 989.4, "float16": 989.4,
                   "float8_e4m3fn": 1978.9, "float8_e5m2": 1978.9}  # fmt: skip
 _HOPPER_VECTOR = {"float64": 34.0, "float32": 67.0}
+# Device memory as NVML reports it (nvidia-smi's "Total", MiB): what the allocator can be handed at
+# most (the CUDA context takes a few hundred MiB of it). Product names round it: "80GB" H100 and
+# A100 show 81,559 and 81,920 MiB, "141GB" H200 143,771 MiB, "48GB" L40S 46,068 MiB (nvidia-smi
+# output as published, e.g. modal.com's table of GPU memory capacities, 2024).
+_MEMORY_MIB = {"H100-SXM": 81_559, "H200": 143_771, "A100-80GB": 81_920, "L40S": 46_068}
 
 GPU_SPECS: dict[str, DeviceSpec] = {
     spec.name: spec
     for spec in (
-        _gpu("H100-SXM", _HOPPER_MATRIX, _HOPPER_VECTOR, 3.35, 4.18, "NVIDIA H100 datasheet (SXM5 80GB)", NVLINK4),
-        _gpu("H200", _HOPPER_MATRIX, _HOPPER_VECTOR, 4.8, 4.18, "NVIDIA H200 datasheet (SXM 141GB)", NVLINK4),
+        _gpu("H100-SXM", _HOPPER_MATRIX, _HOPPER_VECTOR, 3.35, 4.18, "NVIDIA H100 datasheet (SXM5 80GB)", NVLINK4,
+             _MEMORY_MIB["H100-SXM"]),
+        _gpu("H200", _HOPPER_MATRIX, _HOPPER_VECTOR, 4.8, 4.18, "NVIDIA H200 datasheet (SXM 141GB)", NVLINK4,
+             _MEMORY_MIB["H200"]),
         _gpu(
             "A100-80GB",
             {"float64": 19.5, "float32": 19.5, "tfloat32": 156.0, "bfloat16": 312.0, "float16": 312.0},
@@ -135,6 +146,7 @@ GPU_SPECS: dict[str, DeviceSpec] = {
             2.44,
             "NVIDIA A100 datasheet (80GB SXM)",
             NVLINK3,
+            _MEMORY_MIB["A100-80GB"],
         ),
         _gpu(
             "L40S",
@@ -144,6 +156,7 @@ GPU_SPECS: dict[str, DeviceSpec] = {
             5.73,
             "NVIDIA L40S datasheet",
             PCIE4,
+            _MEMORY_MIB["L40S"],
         ),
     )
 }

@@ -128,7 +128,7 @@ def predict_training_step(
     tag_targets=(),
     *,
     optimizer_state_dtype: str | None = None,
-    cuda_arch: str = "sm90",
+    cuda_arch: str | None = "sm90",
 ) -> TrainingStepPrediction:
     """The benchmark iteration of `graph` (the jitted model) under a plan's `tag_targets`.
 
@@ -138,14 +138,15 @@ def predict_training_step(
         parameters: the trainable parameters (from `remat_opt.models.by_name.trainable_parameters`).
         tag_targets: the plan's recomputed tag targets (empty: Thunder saves everything it saves).
         optimizer_state_dtype: dtype of AdamW's two moments; default: the parameters' (``zeros_like``).
-        cuda_arch: ``"sm90"`` (Hopper) or ``"other"``: the cuBLAS workspace size.
+        cuda_arch: ``"sm90"`` (Hopper) or ``"other"``: the cuBLAS workspace size; None: a CPU step
+            (no cuBLAS workspace, no CUDA caching allocator: exact bytes).
     """
-    block = CUDA_BLOCK_BYTES
+    block = CUDA_BLOCK_BYTES if cuda_arch is not None else 1
     spec: DeviceSpec = costs.device_spec
     state_dtype = optimizer_state_dtype or parameters.dtype
     states = Parameters(parameters.numels, state_dtype)
     state_bytes = 2 * states.rounded_bytes(block)
-    workspace_bytes = CUBLAS_WORKSPACE_BYTES[cuda_arch]
+    workspace_bytes = CUBLAS_WORKSPACE_BYTES[cuda_arch] if cuda_arch is not None else 0
     logits = _logits(graph)
     logits_bytes = round_up_bytes(logits.nbytes, block)
     timeline = simulate_step(graph, tag_targets, allocation_granularity_bytes=block)
@@ -155,6 +156,7 @@ def predict_training_step(
     backward_peak = max(range(n_forward, len(events)), key=events.__getitem__)
     # Alive in every phase of an iteration after the first: the moments and the cuBLAS workspace.
     resident = {"AdamW moments": state_bytes, "cuBLAS workspace": workspace_bytes}
+    resident = {k: v for k, v in resident.items() if v}
     phases = {  # phase: (event of the jitted step's timeline, what the phase adds to it)
         # the previous iteration's logits are still referenced while this forward runs
         "forward": (forward_peak, {"previous iteration's logits": logits_bytes}),
@@ -183,8 +185,9 @@ def predict_training_step(
     }
     notes = (
         f"AdamW moments: 2 x {states.bytes:,} B ({state_dtype}); parameters {parameters.bytes:,} B "
-        f"in {len(parameters.numels)} tensors; cuBLAS workspace {workspace_bytes:,} B ({cuda_arch})",
-        f"every storage rounded up to {block} B blocks (the CUDA caching allocator)",
+        f"in {len(parameters.numels)} tensors; cuBLAS workspace {workspace_bytes:,} B ({cuda_arch or 'none on CPU'})",
+        f"every storage rounded up to {block} B blocks (the CUDA caching allocator)" if cuda_arch is not None
+        else "exact bytes (no CUDA caching allocator on the CPU)",
     )
     memory_terms = {k: v for k, v in terms_by_phase[peak_phase].items() if v}
     return TrainingStepPrediction(phase_peaks[peak_phase], peak_phase, memory_terms, phase_peaks, time_terms, notes)
@@ -206,3 +209,59 @@ def _recompute_time_s(graph: JointGraph, costs: CostModel, tag_targets) -> float
     """Time of the forward ops the tags make Thunder rerun in the backward (0 for save-all)."""
     names = set(derive(graph, tuple(tag_targets)).demanded_ops)
     return sum(costs.op_cost(op).time_s for op in graph.forward_ops if op.name in names)
+
+
+@dataclass(frozen=True)
+class OverlappedStep:
+    """One jitted step on two streams: compute, and collectives beside it.
+
+    Attributes:
+        time_s: when the later stream finishes.
+        compute_s: busy time of the compute stream (recomputation included).
+        communication_s: busy time of the collective stream.
+        exposed_communication_s: `time_s` less `compute_s`: collective time compute waited for.
+    """
+
+    time_s: float
+    compute_s: float
+    communication_s: float
+
+    @property
+    def exposed_communication_s(self) -> float:
+        return self.time_s - self.compute_s
+
+
+def overlapped_step(graph: JointGraph, costs: CostModel, tag_targets=()) -> OverlappedStep:
+    """The jitted step's time with collectives overlapping compute, in the order the step runs
+    (`simulate_step`'s events: forward, then the backward with the plan's recomputations, FSDP
+    re-gathers included, before their first use).
+
+    Derived, not fitted: ops run one after another on the compute stream; a collective (all-gather,
+    reduce-scatter, all-reduce) runs on its own stream, one at a time, starting when the host issues
+    it (after the compute work issued before it: its input is ready then) and the stream is free;
+    a wait blocks the compute stream until its collective has finished. How many collectives
+    overlap is therefore set by where the trace's waits sit (`collectives_in_flight`). Not
+    modelled: collectives and compute slowing each other down (shared memory bandwidth and SMs)."""
+    from costmodels.formulas import COLLECTIVE_KINDS, WAIT_SYMBOLS
+
+    timeline = simulate_step(graph, tag_targets, by_kind=False)
+    ops = {op.name: op for op in graph.ops}
+    compute_clock = comm_clock = compute_s = comm_s = 0.0
+    finished: dict[str, float] = {}  # a collective's future -> when it finishes
+    for label in timeline.labels:
+        if label == "backward start":
+            continue
+        op = ops[label.removeprefix("recompute:")]
+        if op.symbol in WAIT_SYMBOLS:
+            compute_clock = max(compute_clock, *(finished.get(name, 0.0) for name in op.inputs))
+            continue
+        time_s = costs.op_cost(op).time_s
+        if op.symbol in COLLECTIVE_KINDS:
+            comm_clock = max(comm_clock, compute_clock) + time_s
+            comm_s += time_s
+            for name in op.outputs:
+                finished[name] = comm_clock
+        else:
+            compute_clock += time_s
+            compute_s += time_s
+    return OverlappedStep(max(compute_clock, comm_clock), compute_s, comm_s)

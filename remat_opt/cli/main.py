@@ -498,6 +498,110 @@ def add_solver_argument(parser: argparse.ArgumentParser) -> None:
                              "baselines; per_block: activation checkpointing of every repeated layer")
 
 
+# ---- `remat-opt fit` ----------------------------------------------------------------------
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers (e.g. 1,2,4)") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, comma-separated (e.g. 1,2,4)")
+    return values
+
+
+def _in_flight_list(text: str) -> list[int | None]:
+    values: list[int | None] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if part.lower() == "thunder":
+            values.append(None)
+        elif part.isdigit():
+            values.append(int(part))
+        else:
+            raise argparse.ArgumentTypeError(f"{part!r} is neither a count of collectives nor 'thunder' "
+                                             "(Thunder's order); e.g. 1,2,thunder")
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one value, e.g. 1,2,thunder")
+    return values
+
+
+def _fit_progress(i: int, n: int, config, row) -> None:
+    from remat_opt.analysis.fit import gb
+
+    if row is None:
+        print(f"[{i + 1}/{n}] {config.describe()} ...", file=sys.stderr, flush=True)
+        return
+    if row.fits:
+        what = f"fits: {gb(row.peak_bytes)} GB, {row.step_time_s * 1e3:.1f} ms per step"
+    else:
+        what = f"does not fit ({row.note})" if not row.over_bytes else f"over by {gb(row.over_bytes)} GB"
+    print(f"[{i + 1}/{n}] {config.describe()}: {what} ({row.seconds:.1f} s)", file=sys.stderr, flush=True)
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from remat_opt.analysis.fit import apply_lines, fit, gb, result_json, result_rows
+    from remat_opt.analysis.whatif import markdown_table
+
+    result = fit(args.model, gpus=args.gpus, seq=args.seq, global_batch=args.global_batch,
+                 memory_margin=args.memory_margin, memory_gb=args.memory_gb, micro_batches=args.micro_batches,
+                 strategies=[args.strategy] if args.strategy else ("fsdp", "ddp"),
+                 collectives_in_flight=args.collectives_in_flight, dtype=args.dtype or "bfloat16",
+                 n_layer=args.n_layer, tiny=args.tiny, executors=args.executors, traced_layers=args.traced_layers,
+                 time_limit_s=args.time_limit_s, progress=None if args.no_progress else _fit_progress)
+    if args.json:
+        print(json.dumps(result_json(result), indent=2, default=str))
+        return 0
+    tried = len(result.rows)
+    print(f"{result.model}, seq {result.seq} on {result.gpus.describe()}: at most {gb(result.limit_bytes)} GB "
+          f"per rank ({result.memory_margin:.0%} held back); {tried} configurations in {result.seconds:.1f} s")
+    print(markdown_table(result_rows(result)))
+    for note in result.notes:
+        print(f"- {note}")
+    lines = apply_lines(result)
+    if lines:
+        print(f"\nFastest that fits: {result.best.config.describe()}")
+        print("\n".join(lines))
+    else:
+        print("\nNo configuration fits; the closest is listed first among those that do not.")
+    return 0
+
+
+def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
+    """`remat-opt fit`'s options."""
+    from remat_opt.analysis.fit import DEFAULT_MEMORY_MARGIN
+
+    parser.add_argument("model", help="litgpt config name (e.g. Llama-3-70B)")
+    parser.add_argument("--gpus", required=True, help="COUNTxKIND, e.g. 8xH100, 64xH100, 8xA100 "
+                        f"(kinds: {', '.join(DEVICE_SPEC_CHOICES)}; cpu needs --memory-gb)")
+    parser.add_argument("--seq", type=_positive_int, required=True, help="sequence length")
+    parser.add_argument("--global-batch", type=_positive_int, default=None,
+                        help="sequences per optimizer step over all GPUs, made up by gradient accumulation "
+                             "(default: each micro-batch once per rank, no accumulation)")
+    parser.add_argument("--memory-margin", type=_finite_float(positive=False), default=DEFAULT_MEMORY_MARGIN,
+                        help="fraction of each GPU's memory held back (CUDA context, fragmentation)")
+    parser.add_argument("--memory-gb", type=_finite_float(positive=True), default=None,
+                        help="memory of one device in GB, instead of the spec sheet's (needed for cpu)")
+    parser.add_argument("--micro-batches", type=_int_list, default=None, metavar="M,M,...",
+                        help="micro-batch sizes to try (default 1,2,4,8, or the powers of two dividing the "
+                             "per-rank batch)")
+    parser.add_argument("--strategy", default=None, type=_strategy, help="only fsdp or only ddp (default: both)")
+    parser.add_argument("--collectives-in-flight", type=_in_flight_list, default=[1, 2, None], metavar="K,K,...",
+                        help="FSDP variants to try: collectives in flight beside the one in use, or 'thunder' "
+                             "(Thunder's order)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bfloat16")
+    parser.add_argument("--n-layer", type=_positive_int, default=None, help="override the number of layers")
+    parser.add_argument("--tiny", action="store_true", help="shrink the config to a tiny model of its family")
+    parser.add_argument("--executors", choices=EXECUTOR_CHOICES, default=None,
+                        help="default nvfuser-standin (nvFuser's fusion regions, as a GPU step runs)")
+    parser.add_argument("--traced-layers", type=int, default=None,
+                        help="layers traced before extending to full depth (default 4; 0: all)")
+    parser.add_argument("--time-limit-s", type=_finite_float(positive=True), default=10.0,
+                        help="the solver's time limit per plan")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="remat-opt", description="Cost-model-driven rematerialization for Thunder",
                      formatter_class=_HelpFormatter)
@@ -546,6 +650,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--summary", action="store_true",
                       help="tensors grouped by producing op and action instead of one line per tensor")
     plan.set_defaults(run=cmd_plan)
+
+    fit = sub.add_parser("fit", help="the fastest training configuration that fits N GPUs: micro-batch, FSDP/DDP, plan")
+    add_fit_arguments(fit)
+    fit.set_defaults(run=cmd_fit)
     return parser
 
 
