@@ -303,13 +303,30 @@ class ModelRequest:
                          device="meta", tiny=self.tiny)
 
 
+REBATCH_FROM = (2, 3)  # micro-batches traced for the others above them (`core.rebatch`)
+
+
 def _graph(request: ModelRequest, config: Configuration):
+    """One rank's joint graph of `config`: traced at micro-batches 1 to 3, above that sized from the
+    graphs at 2 and 3 (`core.rebatch`), or traced where they differ in more than sizes."""
     from remat_opt.analysis.whatif import DEFAULT_TRACED_LAYERS
+    from remat_opt.core.rebatch import RebatchError, rebatch
     from remat_opt.models.graphs import analyze_spec
 
     traced = DEFAULT_TRACED_LAYERS if request.traced_layers is None else request.traced_layers
-    return analyze_spec(request.spec(config.micro_batch), traced_layers=traced, executors=request.executors,
-                        parallel=config.parallel)
+
+    def traced_at(micro_batch: int):
+        return analyze_spec(request.spec(micro_batch), traced_layers=traced, executors=request.executors,
+                            parallel=config.parallel)
+
+    if config.micro_batch <= max(REBATCH_FROM):
+        return traced_at(config.micro_batch)
+    low, high = REBATCH_FROM
+    try:
+        return rebatch((low, traced_at(low)), (high, traced_at(high)), config.micro_batch)
+    except RebatchError as e:
+        graph = traced_at(config.micro_batch)
+        return replace(graph, notes=(*graph.notes, f"traced at micro-batch {config.micro_batch}: {e}"))
 
 
 def _parameters(request: ModelRequest, config: Configuration):

@@ -1,0 +1,190 @@
+"""`remat_opt.analysis.fit` and `remat-opt fit`: the fastest configuration that fits (issue 26).
+
+Tiny Llama-2 (1 layer, seq 32) on meta, priced as a CPU with a memory limit set so that some
+configurations fit and some do not. Its graph at micro-batch 1 is the one the CLI and
+data-parallel tests trace (shared through the run's graph cache)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from remat_opt.analysis.fit import (
+    Configuration,
+    FitError,
+    FitRow,
+    configurations,
+    fit,
+    parse_gpus,
+    rank_rows,
+)
+from remat_opt.distributed.data_parallel import DataParallel
+
+TINY = dict(n_layer=1, tiny=True)
+
+
+# ---- request parsing (pure) ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, count, spec", [("8xH100", 8, "H100-SXM"), ("h100", 1, "H100-SXM"),
+                                               ("64 x a100", 64, "A100-80GB"), ("2*H200", 2, "H200")])
+def test_gpus_parse_count_and_kind_with_nvml_memory(text, count, spec):
+    gpus = parse_gpus(text)
+    assert (gpus.count, gpus.device_spec) == (count, spec)
+    assert gpus.memory_bytes == {"H100-SXM": 81_559, "A100-80GB": 81_920, "H200": 143_771}[spec] * 2**20
+
+
+@pytest.mark.parametrize("text, memory_gb, message", [
+    ("8xB300", None, "unknown GPU kind 'B300'; use one of h100, h200, a100, l40s, cpu"),
+    ("8 GPUs", None, "is not COUNTxKIND"),
+    ("0xH100", None, "the GPU count must be at least 1"),
+    ("2xcpu", None, "the memory of a cpu device is not known; give it with --memory-gb"),
+    ("2xcpu", -1.0, "--memory-gb must be positive"),
+])
+def test_bad_gpus_are_one_line_errors(text, memory_gb, message):
+    with pytest.raises(FitError, match=message.replace("(", r"\(").replace(")", r"\)")) as error:
+        parse_gpus(text, memory_gb)
+    assert "\n" not in str(error.value)
+
+
+def test_configurations_cover_fsdp_variants_and_ddp_by_micro_batch():
+    configs = configurations(parse_gpus("8xH100"), global_batch=64)
+    # 8 sequences per rank: micro-batches 1, 2, 4, 8 with 8, 4, 2, 1 accumulation steps
+    assert {(c.micro_batch, c.accumulation) for c in configs} == {(1, 8), (2, 4), (4, 2), (8, 1)}
+    assert all(c.global_batch == 64 for c in configs)
+    assert {(c.parallel.strategy, c.parallel.collectives_in_flight) for c in configs} == {
+        ("fsdp", 1), ("fsdp", 2), ("fsdp", None), ("ddp", None)}
+    single = configurations(parse_gpus("h100"), micro_batches=[1, 2])
+    assert [(c.micro_batch, c.accumulation, c.parallel) for c in single] == [(1, 1, None), (2, 1, None)]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(global_batch=60), "--global-batch 60 does not split over 8 GPUs; use a multiple of 8 (56, 64)"),
+    (dict(global_batch=64, micro_batches=[3]), "micro-batch 3 cannot make up --global-batch 64 on 8 GPUs"),
+    (dict(strategies=["zero3"]), "unknown strategy 'zero3'"),
+])
+def test_requests_that_cannot_be_searched_say_why(kwargs, message):
+    with pytest.raises(FitError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        configurations(parse_gpus("8xH100"), **kwargs)
+
+
+def test_rows_rank_fastest_fitting_first_then_least_over():
+    def row(m, fits, tokens=None, over=0):
+        return FitRow(Configuration(m, 1, None), fits, 1, 0, over_bytes=over, tokens_per_s_per_gpu=tokens)
+
+    ranked = rank_rows([row(1, True, 10.0), row(8, False, over=5), row(2, True, 30.0), row(4, False, over=2)])
+    assert [r.config.micro_batch for r in ranked] == [2, 1, 4, 8]
+
+
+# ---- overlap of collectives (a traced FSDP graph) --------------------------------------------
+
+
+@pytest.mark.slow
+def test_collectives_overlap_compute_only_as_far_as_the_waits_allow():
+    from remat_opt.analysis.training_step import overlapped_step
+    from remat_opt.costing.graph_costs import CostModel
+    from remat_opt.models.by_name import ModelSpec
+    from remat_opt.models.graphs import analyze_spec
+
+    spec = ModelSpec("Llama-2-7b-hf", device="meta", **TINY)
+    steps = {}
+    for in_flight in (0, 1, None):
+        graph = analyze_spec(spec, traced_layers=0, parallel=DataParallel("fsdp", 4, in_flight))
+        steps[in_flight] = overlapped_step(graph, CostModel(graph, "H100-SXM"))
+    serial = steps[0]
+    assert serial.communication_s > 0
+    # no collective in flight: compute waits for every one of them in full
+    assert serial.time_s == pytest.approx(serial.compute_s + serial.communication_s, rel=1e-12)
+    for step in (steps[1], steps[None]):
+        assert (step.compute_s, step.communication_s) == pytest.approx((serial.compute_s, serial.communication_s))
+        assert max(step.compute_s, step.communication_s) <= step.time_s < serial.time_s
+
+
+# ---- the search, end to end on meta ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def roomy():
+    """Every configuration of one "GPU" with ample memory: all save everything."""
+    return fit("Llama-2-7b-hf", gpus="1xcpu", memory_gb=1.0, seq=32, micro_batches=[1, 2, 4], **TINY)
+
+
+@pytest.mark.slow
+def test_graphs_above_micro_batch_3_are_sized_from_2_and_3_exactly():
+    from remat_opt.analysis.fit import ModelRequest, _graph
+    from remat_opt.models.graphs import analyze_spec
+
+    request = ModelRequest("Llama-2-7b-hf", 32, **TINY)
+    made = _graph(request, Configuration(4, 1, None))
+    traced = analyze_spec(request.spec(4), traced_layers=4)
+    assert "linear in the batch from the graphs traced at 2 and 3" in made.notes[-1]
+    assert made.ops == traced.ops and made.tensors == traced.tensors and made.saved == traced.saved
+
+
+@pytest.mark.slow
+def test_a_limit_between_micro_batches_fits_the_small_ones_and_plans_the_next(roomy):
+    from remat_opt.analysis.fit import ModelRequest, _graph, _parameters
+    from remat_opt.analysis.training_step import predict_training_step
+    from remat_opt.costing.graph_costs import CostModel
+
+    assert all(r.fits and r.plan is None for r in roomy.rows)
+    peak = {r.config.micro_batch: r.peak_bytes for r in roomy.rows}
+    assert peak[1] < peak[2] < peak[4]
+    # a limit below micro-batch 4's save-all peak, above micro-batch 2's
+    limit = (peak[2] + peak[4]) // 2
+    result = fit("Llama-2-7b-hf", gpus="1xcpu", memory_gb=limit / 1e9, memory_margin=0.0, seq=32,
+                 micro_batches=[1, 2, 4, 8], **TINY)
+    rows = {r.config.micro_batch: r for r in result.rows}
+    assert result.limit_bytes == round(limit) and rows[1].fits and rows[2].fits and not rows[8].fits
+    request = ModelRequest("Llama-2-7b-hf", 32, **TINY)
+    for row in result.rows:
+        if row.fits:  # the reported peak is the iteration's, under the plan, as training_step predicts it
+            graph = _graph(request, row.config)
+            tags = row.plan.recomputed_tag_targets if row.plan else ()
+            again = predict_training_step(graph, CostModel(graph, "cpu"), _parameters(request, row.config), tags,
+                                          cuda_arch=None)
+            assert row.peak_bytes == again.peak_bytes <= result.limit_bytes
+        else:
+            assert row.over_bytes > 0 and (row.peak_bytes is None or row.peak_bytes > result.limit_bytes)
+    # micro-batch 4 fits only by recomputing: slower than saving everything
+    slower = next(r for r in roomy.rows if r.config.micro_batch == 4)
+    assert rows[4].fits and rows[4].plan is not None and rows[4].recompute_s > 0
+    assert rows[4].step_time_s > slower.step_time_s
+    fitting = [r.tokens_per_s_per_gpu for r in result.rows if r.fits]
+    assert fitting == sorted(fitting, reverse=True) and result.best is result.rows[0]
+
+
+# ---- the command -----------------------------------------------------------------------------
+
+
+CLI_TINY = ["Llama-2-7b-hf", "--tiny", "--n-layer", "1", "--seq", "32"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpus", "8xB300"], "unknown GPU kind 'B300'"),
+    (["--gpus", "8xH100", "--global-batch", "12"], "--global-batch 12 does not split over 8 GPUs"),
+    (["--gpus", "2xH100", "--global-batch", "8", "--micro-batches", "3"], "micro-batch 3 cannot make up"),
+    (["--gpus", "2xcpu"], "the memory of a cpu device is not known; give it with --memory-gb"),
+    (["--gpus", "2xH100", "--collectives-in-flight", "one"], "'one' is neither a count of collectives nor"),
+    (["--gpus", "2xH100", "--memory-margin", "1.5"], "--memory-margin must be in [0, 1)"),
+])
+def test_cli_bad_input_is_one_line(capsys, args, message):
+    from remat_opt.cli.main import main
+
+    assert main(["fit", *CLI_TINY, *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("remat-opt: error: ") and message in err and "\n" not in err
+
+
+@pytest.mark.slow
+def test_cli_json_ranks_and_names_the_line_to_run(capsys, roomy):
+    from remat_opt.cli.main import main
+
+    assert main(["fit", *CLI_TINY, "--gpus", "1xcpu", "--memory-gb", "1", "--micro-batches", "1,2,4", "--json",
+                 "--no-progress"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [r["config"]["micro_batch"] for r in data["rows"]] == [r.config.micro_batch for r in roomy.rows]
+    assert [r["peak_bytes"] for r in data["rows"]] == [r.peak_bytes for r in roomy.rows]
+    assert data["apply"][0].startswith("jitted = thunder.jit(model, transforms=[CostRemat(")
+    assert data["apply"][1].startswith("python train.py   # micro-batch 4")
