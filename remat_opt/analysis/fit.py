@@ -198,6 +198,7 @@ class FitRow:
         fits: whether a plan was found whose predicted iteration peak is within the limit.
         peak_bytes: the predicted per-rank iteration peak of the chosen plan (fitting), else of the
             least-peak plan found; None when the floor alone rules it out.
+        peak_phase: where in the iteration the fitting plan peaks (`TrainingStepPrediction.peak_phase`).
         floor_bytes: a proven lower bound on the iteration peak of any plan (resident terms plus
             the step's plan-independent bytes).
         over_bytes: by how much the least found peak (or the floor) exceeds the limit (0 when it fits).
@@ -220,6 +221,7 @@ class FitRow:
     peak_bytes: int | None
     floor_bytes: int
     over_bytes: int = 0
+    peak_phase: str = ""
     step_time_s: float | None = None
     tokens_per_s_per_gpu: float | None = None
     exposed_communication_s: float = 0.0
@@ -256,6 +258,7 @@ class FitResult:
     rows: tuple[FitRow, ...]
     notes: tuple[str, ...]
     seconds: float
+    request: ModelRequest | None = None
 
     @property
     def best(self) -> FitRow | None:
@@ -439,7 +442,8 @@ def _fitting_row(request, config, graph, costs, costed, plan, prediction, floor,
     regathers = sum(symbols[o] == ALL_GATHER for o in plan.recompute_ops) if plan is not None else 0
     tokens = config.micro_batch * config.accumulation * request.seq
     return FitRow(
-        config=config, fits=True, peak_bytes=prediction.peak_bytes, floor_bytes=floor, step_time_s=total_s,
+        config=config, fits=True, peak_bytes=prediction.peak_bytes, floor_bytes=floor, peak_phase=prediction.peak_phase,
+        step_time_s=total_s,
         tokens_per_s_per_gpu=tokens / total_s,
         exposed_communication_s=config.accumulation * step.exposed_communication_s, recompute_s=recompute_s,
         recomputed=_kinds(recomputed_by_kind(costed, plan)) if plan is not None else "nothing", regathers=regathers,
@@ -515,7 +519,7 @@ def fit(model: str, *, gpus: str | GPUs, seq: int, global_batch: int | None = No
             progress(i, len(configs), config, row)
     notes += _derivation_notes()
     return FitResult(model, seq, gpus, limit, memory_margin, rank_rows(rows), tuple(notes),
-                     time.perf_counter() - start_s)
+                     time.perf_counter() - start_s, request)
 
 
 def _derivation_notes() -> list[str]:
@@ -582,17 +586,21 @@ def _recomputes(row: FitRow) -> str:
     return f"+{row.recompute_s * 1e3:.1f} ms: {row.recomputed}{regather}"
 
 
-def apply_lines(result: FitResult, request_device_spec: str | None = None) -> list[str]:
-    """How to run the best configuration: the `thunder.jit` line and the launcher command."""
-    best = result.best
-    if best is None:
+def apply_lines(result: FitResult, row: FitRow | None = None, plan_path: str | None = None) -> list[str]:
+    """How to run `row` (default: the best configuration): the `thunder.jit` line and the launcher
+    command; with `plan_path`, CostRemat applies that plan file instead of planning again."""
+    best = row or result.best
+    if best is None or not best.fits:
         return []
     config = best.config
     options = []
-    if best.step_budget_bytes is not None:
-        options.append(f"budget_gb={best.step_budget_bytes / GB:.3f}")
-    if config.parallel is not None and config.parallel.collectives_in_flight is not None:
-        options.append(f"collectives_in_flight={config.parallel.collectives_in_flight}")
+    if plan_path is not None:
+        options.append(f"plan={plan_path!r}")
+    else:
+        if best.step_budget_bytes is not None:
+            options.append(f"budget_gb={best.step_budget_bytes / GB:.3f}")
+        if config.parallel is not None and config.parallel.collectives_in_flight is not None:
+            options.append(f"collectives_in_flight={config.parallel.collectives_in_flight}")
     options.append(f"device_spec={result.gpus.device_spec!r}")
     transforms = [f"CostRemat({', '.join(options)})"]
     if config.parallel is not None:
@@ -602,6 +610,35 @@ def apply_lines(result: FitResult, request_device_spec: str | None = None) -> li
     lines.append(f"{launcher}   # micro-batch {config.micro_batch}, {config.accumulation} accumulation step(s), "
                  f"global batch {config.global_batch}")
     return lines
+
+
+def plan_file_of(result: FitResult, row: FitRow | None = None):
+    """The plan file (`remat_opt.planning.plan_file.PlanFile`) of `row` (default: the best) for
+    ``CostRemat(plan=...)``.
+
+    Raises:
+        FitError: no configuration fits (there is no plan to write).
+    """
+    from remat_opt.planning.plan_file import PlanFile
+
+    row = row or result.best
+    if row is None or not row.fits:
+        raise FitError("no configuration fits, so there is no plan to write; see the table for the closest")
+    model = result.request
+    config = row.config
+    graph = _graph(model, config)
+    tags = row.plan.recomputed_tag_targets if row.plan is not None else ()
+    description = {
+        "model": {"name": model.name, "seq": model.seq, "dtype": model.dtype, "n_layer": model.n_layer,
+                  "tiny": model.tiny, "executors": model.executors},
+        "configuration": row.config.describe(), "micro_batch": config.micro_batch,
+        "accumulation": config.accumulation, "strategy": config.parallel.strategy if config.parallel else None,
+        "gpus": result.gpus.describe(), "limit_bytes": result.limit_bytes,
+        "predicted_iteration_peak_bytes": row.peak_bytes, "predicted_step_time_s": row.step_time_s,
+        "step_budget_bytes": row.step_budget_bytes, "apply": apply_lines(result, row),
+    }
+    in_flight = config.parallel.collectives_in_flight if config.parallel else None
+    return PlanFile.of(graph, tags, collectives_in_flight=in_flight, description=description)
 
 
 def result_json(result: FitResult) -> dict:

@@ -540,7 +540,10 @@ def _fit_progress(i: int, n: int, config, row) -> None:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from remat_opt.analysis.fit import apply_lines, fit, gb, result_json, result_rows
+    from remat_opt.analysis.fit import apply_lines, fit, gb, plan_file_of, result_json, result_rows
+
+    if args.out is not None:
+        check_writable_file(Path(args.out), "--out")
     from remat_opt.analysis.whatif import markdown_table
 
     result = fit(args.model, gpus=args.gpus, seq=args.seq, global_batch=args.global_batch,
@@ -549,8 +552,14 @@ def cmd_fit(args: argparse.Namespace) -> int:
                  collectives_in_flight=args.collectives_in_flight, dtype=args.dtype or "bfloat16",
                  n_layer=args.n_layer, tiny=args.tiny, executors=args.executors, traced_layers=args.traced_layers,
                  time_limit_s=args.time_limit_s, progress=None if args.no_progress else _fit_progress)
+    plan_path = None
+    if args.out is not None and result.best is not None:
+        plan_path = str(plan_file_of(result).write(args.out))
     if args.json:
-        print(json.dumps(result_json(result), indent=2, default=str))
+        data = result_json(result)
+        if plan_path is not None:
+            data.update(plan_file=plan_path, apply=apply_lines(result, plan_path=plan_path))
+        print(json.dumps(data, indent=2, default=str))
         return 0
     tried = len(result.rows)
     print(f"{result.model}, seq {result.seq} on {result.gpus.describe()}: at most {gb(result.limit_bytes)} GB "
@@ -558,12 +567,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
     print(markdown_table(result_rows(result)))
     for note in result.notes:
         print(f"- {note}")
-    lines = apply_lines(result)
+    lines = apply_lines(result, plan_path=plan_path)
     if lines:
-        print(f"\nFastest that fits: {result.best.config.describe()}")
+        print(f"\nFastest that fits: {result.best.config.describe()}" + (f"; its plan is in {plan_path}" if plan_path else ""))
         print("\n".join(lines))
     else:
-        print("\nNo configuration fits; the closest is listed first among those that do not.")
+        print("\nNo configuration fits; the closest is listed first among those that do not"
+              + (f" (no plan written to {args.out})" if args.out else "") + ".")
     return 0
 
 
@@ -598,6 +608,8 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
                         help="layers traced before extending to full depth (default 4; 0: all)")
     parser.add_argument("--time-limit-s", type=_finite_float(positive=True), default=10.0,
                         help="the solver's time limit per plan")
+    parser.add_argument("--out", default=None, metavar="JSON",
+                        help="write the fastest fitting configuration's plan here, for CostRemat(plan=...)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
 

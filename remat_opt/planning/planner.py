@@ -22,7 +22,7 @@ from remat_opt.core.plan import RematPlan
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.core.layers import LayerError
 from remat_opt.solvers import SOLVERS, BaselineOptions, ILPOptions, LayeredOptions, MinCutOptions, ParetoPoint, minimum_saved_bytes
-from remat_opt.solvers.baselines import forward_layers
+from remat_opt.solvers.baselines import forward_layers, solve_fixed
 from remat_opt.solvers.pareto import ACTIVATION, check_budget_kind, sweep_budgets, sweep_points
 
 SOLVER_CHOICES = ("auto", *SOLVERS)
@@ -63,6 +63,8 @@ class PlanRequest:
         time_limit_s: solver time limit.
         region_graph: set by `CostRemat` when it plans through a fusion pass: the fused graph whose
             regions the table timed whole price the unfused graph's ops (`remat_opt.costing.graph_costs`).
+        fixed_tag_targets: the plan is given (a plan file's tags, `remat_opt.planning.plan_file`):
+            these are recomputed, nothing is solved; budgets only check it.
     """
 
     peak_budget_bytes: int | None = None
@@ -73,6 +75,7 @@ class PlanRequest:
     time_limit_s: float = 10.0
     auto_costs: bool = False
     region_graph: JointGraph | None = field(default=None, compare=False, repr=False)
+    fixed_tag_targets: tuple[str, ...] | None = None
 
     @classmethod
     def from_gb(cls, *, budget_gb=None, activation_budget_gb=None, **kwargs) -> PlanRequest:
@@ -241,7 +244,11 @@ def plan_step(graph: JointGraph, request: PlanRequest,
     start_s = time.perf_counter()
     costs, problem = costed if costed is not None else costed_problem(graph, request)
     no_budget = request.peak_budget_bytes is None and request.activation_budget_bytes is None
-    if no_budget and request.solver not in FIXED_PLAN_SOLVERS:
+    if request.fixed_tag_targets is not None:
+        plan = solve_fixed(problem, request.fixed_tag_targets, name="plan file",
+                           activation_budget_bytes=request.activation_budget_bytes,
+                           peak_budget_bytes=request.peak_budget_bytes)
+    elif no_budget and request.solver not in FIXED_PLAN_SOLVERS:
         plan = _zero_time_plan(problem, costs, request)
     else:  # `PlanRequest.create` has checked the solver's name
         solver = resolve_solver(request.solver, problem)

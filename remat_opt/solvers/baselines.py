@@ -35,6 +35,17 @@ def _fixed_plan(problem, units, name, activation_budget_bytes, peak_budget_bytes
     return checked(problem, plan)
 
 
+def solve_fixed(problem: RecomputeProblem, tag_targets, *, name: str, activation_budget_bytes: int | None = None,
+                peak_budget_bytes: int | None = None) -> RematPlan:
+    """The plan that recomputes the units of `tag_targets` (a plan made elsewhere, e.g. a plan
+    file's); raises if it is over a budget, or if a target is not an allowed unit of `problem`."""
+    unknown = [t for t in tag_targets if t not in problem.units]
+    if unknown:
+        raise ValueError(f"{name}: tag targets that are no recompute unit of this graph: {unknown[:3]}")
+    problem.check_allowed(tag_targets)
+    return _fixed_plan(problem, tuple(tag_targets), name, activation_budget_bytes, peak_budget_bytes)
+
+
 def solve_save_all(
     problem: RecomputeProblem,
     *,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import warnings
 import weakref
 from dataclasses import replace
@@ -35,6 +36,7 @@ from remat_opt.core.errors import InfeasibleBudgetError  # noqa: E402
 from remat_opt.costing.cost_cache import with_auto_costs  # noqa: E402
 from remat_opt.distributed.collective_order import ALL_GATHER, check_in_flight  # noqa: E402
 from remat_opt.distributed.regather_order import order_fsdp_collectives  # noqa: E402
+from remat_opt.planning.plan_file import PlanFile, PlanFileError  # noqa: E402
 from remat_opt.planning.planner import PlanRequest, PlannedStep, plan_step  # noqa: E402
 from remat_opt.transform.explain import NO_BACKWARD, recorded  # noqa: E402
 from remat_opt.transform.ranks import check_transform_order, for_ranks  # noqa: E402
@@ -102,6 +104,11 @@ class CostRemat(Transform):
             and waits for every reduce-scatter at the backward's end: every unsharded weight, then
             every unsharded gradient, is alive at once, a floor no plan goes below. The plan is
             made for the order chosen; a small number trades overlap of communication for memory.
+        plan: a plan file written by ``remat-opt fit --out`` (`remat_opt.planning.plan_file`): its
+            tags are applied instead of solving, when this compilation is the one it was made for
+            (library versions, executors, world size, input shapes, tag targets); otherwise the
+            compilation fails with `PlanFileError` saying what differs. It sets
+            `collectives_in_flight` and takes no budget or solver.
 
     With neither budget: the least memory among plans with no extra recompute time. A budget
     below the least memory of any plan raises `InfeasibleBudgetError` at compile time, naming the
@@ -118,7 +125,13 @@ class CostRemat(Transform):
         device_spec: str | None = None,
         time_limit_s: float = 10.0,
         collectives_in_flight: int | None = None,
+        plan: str | os.PathLike | None = None,
     ):
+        self.plan_file = None
+        if plan is not None:
+            self.plan_file, collectives_in_flight = _plan_file(plan, budget_gb, activation_budget_gb, solver,
+                                                               collectives_in_flight)
+            self.plan_path = str(plan)
         self.request = PlanRequest.from_gb(
             budget_gb=budget_gb,
             activation_budget_gb=activation_budget_gb,
@@ -127,6 +140,8 @@ class CostRemat(Transform):
             device_spec=device_spec,
             time_limit_s=time_limit_s,
         )
+        if self.plan_file is not None:
+            self.request = replace(self.request, fixed_tag_targets=tuple(self.plan_file.tag_targets))
         self.collectives_in_flight = check_in_flight(collectives_in_flight)
         self._dry_run = functools.partial(isolated_dry_run, collectives_in_flight=collectives_in_flight)
         self._cache: dict[tuple, PlannedStep] = {}
@@ -154,7 +169,10 @@ class CostRemat(Transform):
             if backward_trace is None:
                 return prologue_trace, recorded(computation_trace, NO_BACKWARD), epilogue_trace
             graph = region_graph = extract.build_joint_graph(forward_trace, backward_trace, names)
-            if has_fusion(graph):  # Thunder's fusion pass re-partitions after the tags: plan through it
+            if self.plan_file is not None:  # the plan is given: check it is this compilation's, solve nothing
+                _check_plan_file(self.plan_file, self.plan_path, graph)
+                planner, region_graph = functools.partial(plan_step, graph), None
+            elif has_fusion(graph):  # Thunder's fusion pass re-partitions after the tags: plan through it
                 through = ThroughFusion(computation_trace, executors_list, names, graph, self._dry_run)
                 graph, planner = through.graph, through.plan
             else:
@@ -217,8 +235,31 @@ class CostRemat(Transform):
             raise
 
     def __repr__(self) -> str:
+        if self.plan_file is not None:
+            return f"CostRemat(plan={self.plan_path!r})"
         in_flight = "" if self.collectives_in_flight is None else f", collectives_in_flight={self.collectives_in_flight}"
         return f"CostRemat({self.request.describe()}{in_flight})"
+
+
+def _plan_file(path, budget_gb, activation_budget_gb, solver, collectives_in_flight):
+    """``(PlanFile, collectives_in_flight)`` of ``CostRemat(plan=path, ...)``; the other options
+    must not contradict it."""
+    given = [name for name, value in (("budget_gb", budget_gb), ("activation_budget_gb", activation_budget_gb))
+             if value is not None] + (["solver"] if solver != "auto" else [])
+    if given:
+        raise ValueError(f"CostRemat(plan=...) applies a plan made already: drop {', '.join(given)} "
+                         "(or drop plan= to plan at compile time)")
+    plan_file = PlanFile.load(path)
+    if collectives_in_flight is not None and collectives_in_flight != plan_file.collectives_in_flight:
+        raise ValueError(f"CostRemat(plan={str(path)!r}) was made for collectives_in_flight="
+                         f"{plan_file.collectives_in_flight}, not {collectives_in_flight}: drop collectives_in_flight")
+    return plan_file, plan_file.collectives_in_flight
+
+
+def _check_plan_file(plan_file: PlanFile, path: str, graph) -> None:
+    mismatch = plan_file.mismatch(graph)
+    if mismatch:
+        raise PlanFileError(f"CostRemat(plan={path!r}) was made for another compilation: {mismatch}")
 
 
 def _gathers(graph) -> bool:

@@ -178,13 +178,17 @@ def test_cli_bad_input_is_one_line(capsys, args, message):
 
 
 @pytest.mark.slow
-def test_cli_json_ranks_and_names_the_line_to_run(capsys, roomy):
+def test_cli_json_ranks_writes_the_plan_and_names_the_line_to_run(capsys, roomy, tmp_path):
     from remat_opt.cli.main import main
+    from remat_opt.planning.plan_file import PlanFile
 
+    out = tmp_path / "fit.json"
     assert main(["fit", *CLI_TINY, "--gpus", "1xcpu", "--memory-gb", "1", "--micro-batches", "1,2,4", "--json",
-                 "--no-progress"]) == 0
+                 "--no-progress", "--out", str(out)]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [r["config"]["micro_batch"] for r in data["rows"]] == [r.config.micro_batch for r in roomy.rows]
     assert [r["peak_bytes"] for r in data["rows"]] == [r.peak_bytes for r in roomy.rows]
-    assert data["apply"][0].startswith("jitted = thunder.jit(model, transforms=[CostRemat(")
+    assert data["apply"][0] == f"jitted = thunder.jit(model, transforms=[CostRemat(plan={str(out)!r}, device_spec='cpu')])"
     assert data["apply"][1].startswith("python train.py   # micro-batch 4")
+    plan = PlanFile.load(out)
+    assert plan.description["micro_batch"] == 4 and plan.tag_targets == {} and plan.world_size == 1
