@@ -332,12 +332,29 @@ def _graph(request: ModelRequest, config: Configuration):
         return replace(graph, notes=(*graph.notes, f"traced at micro-batch {config.micro_batch}: {e}"))
 
 
-def _parameters(request: ModelRequest, config: Configuration):
-    from remat_opt.analysis.training_step import Parameters
+@functools.lru_cache(maxsize=8)
+def _trainable(request: ModelRequest) -> tuple[tuple[int, ...], str]:
     from remat_opt.models.by_name import trainable_parameters
 
-    numels, dtype = trainable_parameters(request.spec(1))
+    return trainable_parameters(request.spec(1))
+
+
+def _parameters(request: ModelRequest, config: Configuration):
+    """One rank's trainable parameters under `config` (FSDP: its shards)."""
+    from remat_opt.analysis.training_step import Parameters
+
+    numels, dtype = _trainable(request)
     return Parameters(numels, dtype).per_rank(config.parallel)
+
+
+def states_floor_bytes(parameters, cuda_arch: str | None) -> int:
+    """Parameters, their gradients and AdamW's two moments (in the parameters' dtype), one rank's:
+    all alive at the optimizer step, so a floor of any plan's iteration peak, known before tracing."""
+    from remat_opt.analysis.training_step import CUDA_BLOCK_BYTES, CUBLAS_WORKSPACE_BYTES
+
+    if cuda_arch is None:
+        return 4 * parameters.bytes
+    return 4 * parameters.rounded_bytes(CUDA_BLOCK_BYTES) + CUBLAS_WORKSPACE_BYTES[cuda_arch]
 
 
 def evaluate_configuration(request: ModelRequest, config: Configuration, gpus: GPUs, limit_bytes: int, *,
@@ -350,8 +367,13 @@ def evaluate_configuration(request: ModelRequest, config: Configuration, gpus: G
     from remat_opt.solvers.peak_model import peak_model_of
 
     start_s = time.perf_counter()
-    graph = _graph(request, config)
     parameters = _parameters(request, config)
+    states = states_floor_bytes(parameters, gpus.cuda_arch)
+    if states > limit_bytes:  # ruled out before tracing
+        return FitRow(config=config, fits=False, peak_bytes=None, floor_bytes=states, over_bytes=states - limit_bytes,
+                      note=f"parameters, gradients and AdamW moments alone take {gb(states)} GB per rank (proven)",
+                      seconds=time.perf_counter() - start_s)
+    graph = _graph(request, config)
     costed = cost_graph(graph, gpus.device_spec)
     costs = CostModel(graph, gpus.device_spec)
     predict = functools.partial(predict_training_step, graph, costs, parameters, cuda_arch=gpus.cuda_arch)
