@@ -39,6 +39,8 @@ DEFAULT_IN_FLIGHT = (1, 2, None)  # FSDP: collectives in flight beside the one i
 DEFAULT_MEMORY_MARGIN = 0.05
 HOPPER = ("H100-SXM", "H200")
 MAX_BUDGET_ROUNDS = 4  # solves per configuration that lower the step budget by the iteration's overshoot
+BLOCK_MENU_POINTS = 6  # torch FSDP1: ILP plans of one block at this many saved and block-peak budgets each
+GPUS_PER_NODE = 8  # more GPUs than this: collectives cross nodes over InfiniBand
 
 
 class FitError(ValueError):
@@ -61,6 +63,19 @@ class GPUs:
 
     def describe(self) -> str:
         return f"{self.count} x {self.device_spec} ({gb(self.memory_bytes)} GB each)"
+
+    @property
+    def spec(self):
+        """The device spec the costs use: the sheet's, with collectives over InfiniBand NDR (one
+        400 Gb/s port per GPU, as in a DGX H100) when the GPUs span nodes (more than
+        `GPUS_PER_NODE`): a ring's time is set by its slowest link."""
+        from costmodels.devices import get_device_spec, with_interconnect
+        from costmodels.interconnect import INFINIBAND_NDR
+
+        if self.device_spec == "cpu":
+            return "cpu"  # the cost model's CPU (a profiled calibration, else the nominal one)
+        spec = get_device_spec(self.device_spec)
+        return with_interconnect(spec, INFINIBAND_NDR) if self.count > GPUS_PER_NODE else spec
 
     @property
     def cuda_arch(self) -> str | None:
@@ -111,11 +126,16 @@ class Configuration:
         micro_batch: sequences per jitted step on each rank.
         accumulation: jitted steps per optimizer step (gradient accumulation).
         parallel: FSDP or DDP over the ranks; None on one GPU.
+        torch_fsdp: None: ``thunder.jit`` of the whole model (Thunder's FSDP or DDP transform);
+            ``"checkpoint"`` or ``"costremat"``: torch's FSDP1 with one unit per block under
+            ThunderFX (`analysis.torch_fsdp`), every block in ``checkpoint_wrapper`` or running
+            CostRemat's fastest fitting block plan.
     """
 
     micro_batch: int
     accumulation: int
     parallel: DataParallel | None
+    torch_fsdp: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -128,6 +148,9 @@ class Configuration:
     def describe(self) -> str:
         if self.parallel is None:
             how = "1 GPU"
+        elif self.torch_fsdp is not None:
+            plan = "per-block checkpointing" if self.torch_fsdp == "checkpoint" else "CostRemat block plan"
+            how = f"torch FSDP1 x{self.parallel.world_size} (ThunderFX), {plan}"
         elif self.parallel.strategy == "ddp":
             how = f"DDP x{self.parallel.world_size}"
         else:
@@ -138,8 +161,11 @@ class Configuration:
         return f"{how}, micro-batch {self.micro_batch}{steps}"
 
 
+STRATEGIES = ("fsdp", "ddp", "fsdp1")  # fsdp1: torch's FSDP1 under ThunderFX, one unit per block
+
+
 def configurations(gpus: GPUs, *, global_batch: int | None = None, micro_batches: Sequence[int] | None = None,
-                   strategies: Sequence[str] = ("fsdp", "ddp"),
+                   strategies: Sequence[str] = STRATEGIES,
                    collectives_in_flight: Sequence[int | None] = DEFAULT_IN_FLIGHT) -> list[Configuration]:
     """Every configuration to try, by parallelism then ascending micro-batch.
 
@@ -151,9 +177,10 @@ def configurations(gpus: GPUs, *, global_batch: int | None = None, micro_batches
             the global batch, or an unknown strategy.
     """
     world = gpus.count
-    unknown = [s for s in strategies if s not in ("fsdp", "ddp")]
+    unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown or not strategies:
-        raise FitError(f"unknown strategy {unknown[0] if unknown else '(none)'!r}; use fsdp, ddp or both")
+        raise FitError(f"unknown strategy {unknown[0] if unknown else '(none)'!r}; use any of {', '.join(STRATEGIES)} "
+                       "(fsdp1: torch's FSDP1 under ThunderFX)")
     if any(isinstance(m, bool) or not isinstance(m, int) or m < 1 for m in micro_batches or ()):
         raise FitError(f"micro-batch sizes must be positive integers, got {list(micro_batches)}")
     if global_batch is not None:
@@ -186,7 +213,11 @@ def configurations(gpus: GPUs, *, global_batch: int | None = None, micro_batches
             parallels += [DataParallel("fsdp", world, k) for k in dict.fromkeys(collectives_in_flight)]
         if "ddp" in strategies:
             parallels.append(DataParallel("ddp", world))
-    return [Configuration(m, steps[m], parallel) for parallel in parallels for m in sizes]
+    configs = [Configuration(m, steps[m], parallel) for parallel in parallels for m in sizes]
+    if world > 1 and "fsdp1" in strategies:
+        configs += [Configuration(m, steps[m], DataParallel("fsdp", world), how)
+                    for how in ("checkpoint", "costremat") for m in sizes]
+    return configs
 
 
 @dataclass(frozen=True)
@@ -214,6 +245,8 @@ class FitRow:
         plan: the plan (None: save-all, or not fitting).
         note: why it does not fit, or what was special.
         seconds: time spent on this configuration.
+        block_tag_targets: torch FSDP1 configurations: the tags of the plan every block runs
+            (``("*",)``: the whole block checkpointed).
     """
 
     config: Configuration
@@ -233,6 +266,7 @@ class FitRow:
     plan: RematPlan | None = field(default=None, repr=False)
     note: str = ""
     seconds: float = 0.0
+    block_tag_targets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -340,10 +374,13 @@ def _trainable(request: ModelRequest) -> tuple[tuple[int, ...], str]:
 
 
 def _parameters(request: ModelRequest, config: Configuration):
-    """One rank's trainable parameters under `config` (FSDP: its shards)."""
+    """One rank's trainable parameters under `config` (FSDP: its shards; torch's FSDP1 pads a unit's
+    flat parameter, so every tensor's share rounds up)."""
     from remat_opt.analysis.training_step import Parameters
 
     numels, dtype = _trainable(request)
+    if config.torch_fsdp is not None:
+        return Parameters(tuple(-(-n // config.world_size) for n in numels), dtype)
     return Parameters(numels, dtype).per_rank(config.parallel)
 
 
@@ -373,9 +410,12 @@ def evaluate_configuration(request: ModelRequest, config: Configuration, gpus: G
         return FitRow(config=config, fits=False, peak_bytes=None, floor_bytes=states, over_bytes=states - limit_bytes,
                       note=f"parameters, gradients and AdamW moments alone take {gb(states)} GB per rank (proven)",
                       seconds=time.perf_counter() - start_s)
+    if config.torch_fsdp is not None:
+        row = _evaluate_torch_fsdp(request, config, gpus, limit_bytes, parameters, states, time_limit_s)
+        return replace(row, seconds=time.perf_counter() - start_s)
     graph = _graph(request, config)
-    costed = cost_graph(graph, gpus.device_spec)
-    costs = CostModel(graph, gpus.device_spec)
+    costed = cost_graph(graph, gpus.spec)
+    costs = CostModel(graph, gpus.spec)
     predict = functools.partial(predict_training_step, graph, costs, parameters, cuda_arch=gpus.cuda_arch)
     save_all = predict()
     resident = sum(v for k, v in save_all.memory_terms.items() if k in ("AdamW moments", "cuBLAS workspace"))
@@ -390,6 +430,64 @@ def evaluate_configuration(request: ModelRequest, config: Configuration, gpus: G
         row = _search_budget(request, config, graph, costs, costed, predict, limit_bytes, save_all, resident,
                              floor, time_limit_s, gpus.cuda_arch)
     return replace(row, seconds=time.perf_counter() - start_s)
+
+
+@functools.lru_cache(maxsize=4)
+def _torch_fsdp_case(request: ModelRequest, world_size: int, micro_batch: int, gpus: GPUs):
+    """One block of the model traced through ThunderFX on meta, with FSDP1's units over `world_size`."""
+    from remat_opt.analysis.thunder_1370 import case_of_config
+    from remat_opt.analysis.training_step import CUBLAS_WORKSPACE_BYTES
+    from remat_opt.models.by_name import litgpt_config
+
+    config, _ = litgpt_config(request.spec(micro_batch))
+    workspace = CUBLAS_WORKSPACE_BYTES[gpus.cuda_arch] if gpus.cuda_arch is not None else 0
+    return case_of_config(config, seq=request.seq, world_size=world_size, dtype=request.dtype,
+                          executors=request.executors, device_spec=gpus.spec, micro_batch=micro_batch,
+                          workspace_bytes=workspace, name=request.name)
+
+
+@functools.lru_cache(maxsize=4)
+def _block_menu(request: ModelRequest, world_size: int, micro_batch: int, gpus: GPUs, time_limit_s: float):
+    from remat_opt.analysis.thunder_1370 import block_menu
+
+    return tuple(block_menu(_torch_fsdp_case(request, world_size, micro_batch, gpus), n_points=BLOCK_MENU_POINTS,
+                            time_limit_s=time_limit_s))
+
+
+def _evaluate_torch_fsdp(request, config, gpus, limit_bytes, parameters, states_bytes, time_limit_s) -> FitRow:
+    """`config` under torch's FSDP1 and ThunderFX (`analysis.thunder_1370`): every block checkpointed,
+    or the fastest of the block's plans (one plan for all blocks: ThunderFX compiles one graph for
+    them) whose predicted iteration peak fits."""
+    from costmodels.devices import roofline_time_s
+    from costmodels.formulas import formula_cost
+    from remat_opt.analysis.torch_fsdp import fsdp1_micro_step_time
+    from remat_opt.analysis.training_step import adamw_op_args
+
+    key = (request, config.world_size, config.micro_batch, gpus)
+    case = _torch_fsdp_case(*key)
+    plans = (case.checkpoint(),) if config.torch_fsdp == "checkpoint" else _block_menu(*key, time_limit_s)
+    predicted = [(plan, case.predict(plan)) for plan in plans]
+    fitting = [(p, pred) for p, pred in predicted if pred.peak_bytes <= limit_bytes]
+    done = dict(config=config, floor_bytes=states_bytes, gap=None)
+    if not fitting:
+        plan, least = min(predicted, key=lambda pp: pp[1].peak_bytes)
+        return FitRow(fits=False, peak_bytes=least.peak_bytes, over_bytes=least.peak_bytes - limit_bytes,
+                      peak_phase=least.peak_event,
+                      note=f"least peak of {len(plans)} block plan(s) ({plan.label}) at {least.peak_event}", **done)
+    plan, prediction = min(fitting, key=lambda pp: (pp[0].recompute_time_s, pp[1].peak_bytes))
+    n_blocks = case.units.n_blocks
+    micro_step = fsdp1_micro_step_time(n_blocks, case.step_times(plan))
+    optimizer_s = roofline_time_s(formula_cost(adamw_op_args(parameters, parameters.dtype)), case.costs.device_spec)
+    total_s = config.accumulation * micro_step.time_s + optimizer_s
+    tokens = config.micro_batch * config.accumulation * request.seq
+    rerun = ("every block's forward (checkpoint_wrapper)" if plan.tag_targets == ("*",)
+             else f"{plan.activations.recompute_ops} ops per block ({plan.label})" if plan.activations.recompute_ops
+             else "nothing")
+    return FitRow(fits=True, peak_bytes=prediction.peak_bytes, peak_phase=prediction.peak_event, step_time_s=total_s,
+                  tokens_per_s_per_gpu=tokens / total_s,
+                  exposed_communication_s=config.accumulation * micro_step.exposed_communication_s,
+                  recompute_s=config.accumulation * n_blocks * plan.recompute_time_s, recomputed=rerun,
+                  note=f"block plan: {plan.label}", block_tag_targets=plan.tag_targets, **done)
 
 
 def _solve(costed, budget_bytes: int, time_limit_s: float) -> RematPlan:
@@ -480,7 +578,7 @@ def _fitting_row(request, config, graph, costs, costed, plan, prediction, floor,
 
 def fit(model: str, *, gpus: str | GPUs, seq: int, global_batch: int | None = None,
         memory_margin: float = DEFAULT_MEMORY_MARGIN, memory_gb: float | None = None,
-        micro_batches: Sequence[int] | None = None, strategies: Sequence[str] = ("fsdp", "ddp"),
+        micro_batches: Sequence[int] | None = None, strategies: Sequence[str] = STRATEGIES,
         collectives_in_flight: Sequence[int | None] = DEFAULT_IN_FLIGHT, dtype: str = "bfloat16",
         n_layer: int | None = None, tiny: bool = False, executors: str | None = None,
         traced_layers: int | None = None, time_limit_s: float = 10.0,
@@ -498,7 +596,9 @@ def fit(model: str, *, gpus: str | GPUs, seq: int, global_batch: int | None = No
         memory_gb: the memory of one device, instead of the spec sheet's (required for ``cpu``).
         micro_batches: the sizes to try (default 1, 2, 4, 8, or the powers of two dividing the
             per-rank batch).
-        strategies: ``"fsdp"``, ``"ddp"`` or both (ignored on one GPU).
+        strategies: any of ``"fsdp"``, ``"ddp"`` (``thunder.jit`` with Thunder's transforms) and
+            ``"fsdp1"`` (torch's FSDP1 under ThunderFX, per-block checkpointing or a CostRemat
+            block plan); ignored on one GPU.
         collectives_in_flight: FSDP variants to try (None: Thunder's order).
         progress: called before (row None) and after each configuration.
 
@@ -523,7 +623,7 @@ def fit(model: str, *, gpus: str | GPUs, seq: int, global_batch: int | None = No
     limit = int(gpus.memory_bytes * (1 - memory_margin))
     rows, notes, ruled_out = [], [], {}
     for i, config in enumerate(configs):
-        key = repr(config.parallel)
+        key = (repr(config.parallel), config.torch_fsdp)
         if key in ruled_out:
             notes.append(f"{config.describe()}: not tried ({ruled_out[key]} does not fit)")
             continue
@@ -602,6 +702,8 @@ def _kinds(counts: dict[str, int], shown: int = 3) -> str:
 
 
 def _recomputes(row: FitRow) -> str:
+    if row.config.torch_fsdp is not None:
+        return f"+{row.recompute_s * 1e3:.1f} ms: {row.recomputed}" if row.recompute_s else "nothing"
     if row.plan is None:
         return "nothing (save-all)"
     regather = f"; re-gathers {row.regathers} weights" if row.regathers else ""
@@ -615,6 +717,8 @@ def apply_lines(result: FitResult, row: FitRow | None = None, plan_path: str | N
     if best is None or not best.fits:
         return []
     config = best.config
+    if config.torch_fsdp is not None:
+        return _torch_fsdp_lines(result, best)
     options = []
     if plan_path is not None:
         options.append(f"plan={plan_path!r}")
@@ -634,6 +738,19 @@ def apply_lines(result: FitResult, row: FitRow | None = None, plan_path: str | N
     return lines
 
 
+def _torch_fsdp_lines(result: FitResult, row: FitRow) -> list[str]:
+    """Thunder's own benchmark runs the torch FSDP1 configurations (`analysis.torch_fsdp`): with
+    per-block checkpointing as is; a CostRemat block plan is not yet applied from a plan file."""
+    config, model = row.config, result.request
+    command = (f"torchrun --nproc-per-node {config.world_size} thunder/benchmarks/benchmark_litgpt.py "
+               f"--model_name {model.name} --block_size {model.seq} --compile thunder-dynamo --distributed_mode fsdp "
+               f"--shard_mode zero3 --micro_batch_size {config.micro_batch} --global_batch_size {config.global_batch}")
+    if config.torch_fsdp == "checkpoint":
+        return [command + " --checkpoint_activations True"]
+    return [command + "   # without checkpointing; the block plan's tags (--json: block_tag_targets) are not "
+            "yet applied from a plan file under ThunderFX"]
+
+
 def plan_file_of(result: FitResult, row: FitRow | None = None):
     """The plan file (`remat_opt.planning.plan_file.PlanFile`) of `row` (default: the best) for
     ``CostRemat(plan=...)``.
@@ -646,6 +763,9 @@ def plan_file_of(result: FitResult, row: FitRow | None = None):
     row = row or result.best
     if row is None or not row.fits:
         raise FitError("no configuration fits, so there is no plan to write; see the table for the closest")
+    if row.config.torch_fsdp is not None:
+        raise FitError(f"{row.config.describe()} runs under ThunderFX with torch's FSDP1, which plan files do not "
+                       "cover yet; run the printed benchmark command (per-block checkpointing needs no plan)")
     model = result.request
     config = row.config
     graph = _graph(model, config)
@@ -668,8 +788,9 @@ def result_json(result: FitResult) -> dict:
     def row_data(row: FitRow) -> dict:
         data = {k: v for k, v in asdict(row).items() if k not in ("config", "plan")}
         data["config"] = {"micro_batch": row.config.micro_batch, "accumulation": row.config.accumulation,
-                          "strategy": row.config.parallel.strategy if row.config.parallel else None,
-                          "world_size": row.config.world_size,
+                          "strategy": ("fsdp1" if row.config.torch_fsdp else row.config.parallel.strategy)
+                          if row.config.parallel else None,
+                          "torch_fsdp": row.config.torch_fsdp, "world_size": row.config.world_size,
                           "collectives_in_flight": row.config.parallel.collectives_in_flight if row.config.parallel else None,
                           "description": row.config.describe()}
         data["recomputed_tag_targets"] = list(row.plan.recomputed_tag_targets) if row.plan else []

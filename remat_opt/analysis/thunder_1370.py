@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from costmodels.interconnect import collective_time_s, ring_bytes_per_rank
 from remat_opt.analysis.training_step import CUBLAS_WORKSPACE_BYTES as TRAINING_STEP_CUBLAS_WORKSPACE_BYTES
-from remat_opt.analysis.torch_fsdp import (BlockActivations, Fsdp1Units, HeadShapes, IterationPrediction,
-                                           predict_fsdp1_iteration)
+from remat_opt.analysis.torch_fsdp import (BlockActivations, Fsdp1StepTimes, Fsdp1Units, HeadShapes,
+                                           IterationPrediction, predict_fsdp1_iteration)
 from remat_opt.core.graph import JointGraph
 from remat_opt.core.plan import RematPlan
 from remat_opt.core.problem import RecomputeProblem
@@ -56,6 +57,7 @@ class BenchmarkCase:
     problem: RecomputeProblem
     costs: CostModel
     workspace_bytes: int = CUBLAS_WORKSPACE_BYTES
+    micro_batch: int = 1
 
     def block_plan(self, label: str, plan: RematPlan) -> BlockPlan:
         """`plan` (of the block's graph) priced: its activation terms and recompute time."""
@@ -91,6 +93,40 @@ class BenchmarkCase:
         """One block's forward and backward (save-all), from the cost model."""
         return _step_time_s(self.block_graph, self.costs)
 
+    def step_times(self, plan: BlockPlan) -> Fsdp1StepTimes:
+        """What a micro-step with `plan` in every block runs (`torch_fsdp.fsdp1_micro_step_time`):
+        the block's ops priced by the cost model, the root's linear and the eager loss by their
+        formulas, each unit's collectives as rings over the device spec's interconnect."""
+        forward_s = sum(self.costs.op_cost(op).time_s for op in self.block_graph.forward_ops)
+        link, world_size = self.costs.device_spec.interconnect, self.units.world_size
+
+        def ring_s(kind: str, unit: str) -> float:
+            return collective_time_s(ring_bytes_per_rank(kind, self.units.unsharded_bytes(unit), world_size), 1, link)
+
+        return Fsdp1StepTimes(
+            block_forward_s=forward_s, block_backward_s=self.block_step_time_s - forward_s + plan.recompute_time_s,
+            head_s=self.head_time_s, block_all_gather_s=ring_s("all_gather", "block"),
+            block_reduce_scatter_s=ring_s("reduce_scatter", "block"), root_all_gather_s=ring_s("all_gather", "root"),
+            root_reduce_scatter_s=ring_s("reduce_scatter", "root"))
+
+    @property
+    def head_time_s(self) -> float:
+        """``lm_head`` (its forward, and its backward as two matmuls of the same size) and the eager
+        loss, by their formulas on the device spec (``ln_f`` and the embedding left out: they move a
+        few [tokens, hidden] tensors, against the head's [tokens, vocab] ones)."""
+        from costmodels.devices import roofline_time_s
+        from costmodels.formulas import OpArgs, TensorMeta, formula_cost
+        from remat_opt.analysis.training_step import loss_op_args
+
+        hidden = self.units.root_numels["ln_f"]
+        vocab = self.units.root_numels["lm_head"] // hidden
+        tokens, dtype, spec = self.micro_batch * self.seq, self.units.dtype, self.costs.device_spec
+        logits = TensorMeta.of((tokens, vocab), dtype)
+        linear = OpArgs("linear", inputs=(TensorMeta.of((tokens, hidden), dtype), TensorMeta.of((vocab, hidden), dtype)),
+                        outputs=(logits,))
+        loss_s = sum(roofline_time_s(formula_cost(args), spec) for args in loss_op_args(logits).values())
+        return 3 * roofline_time_s(formula_cost(linear), spec) + loss_s
+
 
 def _step_time_s(graph: JointGraph, costs: CostModel) -> float:
     return sum(costs.op_cost(op).time_s for op in graph.ops)
@@ -108,9 +144,12 @@ def benchmark_case(name: str = "Llama-3-70B", *, seq: int | None = None, world_s
 
 
 def case_of_config(config, *, seq: int, world_size: int, dtype: str, executors=None, device_spec="h100",
-                   device: str = "meta", name: str = "") -> BenchmarkCase:
+                   device: str = "meta", name: str = "", micro_batch: int = 1,
+                   workspace_bytes: int | None = None) -> BenchmarkCase:
     """`benchmark_case` of a litgpt `Config` (any size; `device` ``"cpu"`` traces real tensors with
-    the CPU's executors, as a CPU run compiles them)."""
+    the CPU's executors, as a CPU run compiles them) at `micro_batch` sequences per step;
+    `workspace_bytes` (default: an H100's cuBLAS workspace on a GPU spec, none on the CPU) is alive
+    throughout."""
     import torch
     from litgpt import GPT
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -128,7 +167,7 @@ def case_of_config(config, *, seq: int, world_size: int, dtype: str, executors=N
     _, executor_list = resolve_executors(executors, device)
 
     def trace(module):
-        x = torch.zeros(1, seq, config.n_embd, device=device, dtype=torch_dtype, requires_grad=True)
+        x = torch.zeros(micro_batch, seq, config.n_embd, device=device, dtype=torch_dtype, requires_grad=True)
         return analyze_thunderfx(module, x, cos, sin, executors=executor_list)
 
     graph, checkpoint_graph = trace(block), trace(checkpoint_wrapper(block))
@@ -139,10 +178,13 @@ def case_of_config(config, *, seq: int, world_size: int, dtype: str, executors=N
     itemsize = torch.empty((), dtype=torch_dtype).element_size()
     units = Fsdp1Units(tuple(p.numel() for p in block.parameters()), root, config.n_layer, dtype, world_size,
                        buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()))
-    head = HeadShapes(hidden_bytes=seq * config.n_embd * itemsize,
-                      logits_bytes=seq * config.padded_vocab_size * itemsize, norm_stat_bytes=seq * 4)
-    workspace = CUBLAS_WORKSPACE_BYTES if device_spec != "cpu" and device != "cpu" else 0
-    return BenchmarkCase(name or config.name, seq, units, head, graph, checkpoint_graph, problem, costs, workspace)
+    tokens = micro_batch * seq
+    head = HeadShapes(hidden_bytes=tokens * config.n_embd * itemsize,
+                      logits_bytes=tokens * config.padded_vocab_size * itemsize, norm_stat_bytes=tokens * 4)
+    on_cpu = device == "cpu" or str(getattr(device_spec, "name", device_spec)).startswith("cpu")
+    workspace = workspace_bytes if workspace_bytes is not None else 0 if on_cpu else CUBLAS_WORKSPACE_BYTES
+    return BenchmarkCase(name or config.name, seq, units, head, graph, checkpoint_graph, problem, costs, workspace,
+                         micro_batch)
 
 
 def block_menu(case: BenchmarkCase, n_points: int = 8, *, time_limit_s: float = 10.0) -> list[BlockPlan]:

@@ -262,3 +262,82 @@ def predict_fsdp1_iteration(units: Fsdp1Units, block: BlockActivations | list[Bl
         f"every tensor rounded up to {granularity_bytes} B",
     )
     return IterationPrediction(totals[peak_event], peak_event, events[peak_event], totals, notes)
+
+
+@dataclass(frozen=True)
+class Fsdp1StepTimes:
+    """What one micro-step of the FSDP1 iteration runs, seconds: compute per block and for the root,
+    and each unit's collectives (a ring over the unsharded flat parameter or gradient).
+
+    Attributes:
+        block_forward_s: one block's forward.
+        block_backward_s: one block's backward, with what its plan reruns.
+        head_s: the root's compute between the last block's forward and its backward (``ln_f``,
+            ``lm_head``, the eager loss and their backward).
+        block_all_gather_s, block_reduce_scatter_s: one block unit's collectives.
+        root_all_gather_s, root_reduce_scatter_s: the root unit's.
+    """
+
+    block_forward_s: float
+    block_backward_s: float
+    head_s: float
+    block_all_gather_s: float
+    block_reduce_scatter_s: float
+    root_all_gather_s: float
+    root_reduce_scatter_s: float
+
+
+@dataclass(frozen=True)
+class StreamTime:
+    """A micro-step on two streams: when the later one finishes, and each stream's busy time."""
+
+    time_s: float
+    compute_s: float
+    communication_s: float
+
+    @property
+    def exposed_communication_s(self) -> float:
+        """Collective time compute waited for."""
+        return self.time_s - self.compute_s
+
+
+def fsdp1_micro_step_time(n_blocks: int, times: Fsdp1StepTimes) -> StreamTime:
+    """One forward and backward under FSDP1 ``FULL_SHARD`` (one unit per block) on two streams.
+
+    Derived from what FSDP1 issues (``torch/distributed/fsdp/_runtime_utils.py``), not fitted: the
+    collectives run one at a time on their own stream, in the order the host issues them; compute
+    runs a unit once its all-gather has finished. Forward: the root's all-gather, then each block's,
+    issued when the host reaches the block (it runs ahead of the GPU) but at most two in flight
+    (``limit_all_gathers``: block k's waits for block k-2's compute to end). Backward
+    (``BACKWARD_PRE``): the last block's all-gather, then at the start of each block's backward the
+    next block's all-gather, and after it that block's reduce-scatter; the root's reduce-scatter
+    last, and the iteration waits for every reduce-scatter. Not modelled: collectives and compute
+    slowing each other down, the embedding's forward and backward (a gather and a scatter-add)."""
+    comm_end = 0.0
+    compute = 0.0
+    comm_s = 0.0
+
+    def collective(issued_s: float, duration_s: float) -> float:
+        nonlocal comm_end, comm_s
+        comm_end = max(comm_end, issued_s) + duration_s
+        comm_s += duration_s
+        return comm_end
+
+    forward_ends: list[float] = []
+    root_ready = collective(0.0, times.root_all_gather_s)
+    for k in range(n_blocks):
+        issued = forward_ends[k - 2] if k >= 2 else 0.0
+        gathered = collective(issued, times.block_all_gather_s)
+        compute = max(compute, gathered, root_ready) + times.block_forward_s
+        forward_ends.append(compute)
+    compute += times.head_s
+    gathered = collective(compute, times.block_all_gather_s) if n_blocks else 0.0
+    for k in reversed(range(n_blocks)):
+        start = max(compute, gathered)
+        prefetched = collective(start, times.block_all_gather_s) if k else 0.0
+        compute = start + times.block_backward_s
+        collective(compute, times.block_reduce_scatter_s)
+        gathered = prefetched
+    collective(compute, times.root_reduce_scatter_s)
+    compute_s = n_blocks * (times.block_forward_s + times.block_backward_s) + times.head_s
+    return StreamTime(max(compute, comm_end), compute_s, comm_s)

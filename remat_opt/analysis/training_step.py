@@ -101,7 +101,7 @@ def _logits(graph: JointGraph) -> TensorMeta:
     return TensorMeta.of(logits.shape, logits.dtype)
 
 
-def _loss_costs(logits: TensorMeta) -> dict[str, OpArgs]:
+def loss_op_args(logits: TensorMeta) -> dict[str, OpArgs]:
     """The eager loss's ops on ``logits.reshape(-1, V)``: ``[N, V]`` log-probabilities, ``[N]`` targets."""
     rows, vocab = (int(logits.numel // logits.shape[-1]), int(logits.shape[-1]))
     flat = TensorMeta.of((rows, vocab), logits.dtype)
@@ -115,7 +115,7 @@ def _loss_costs(logits: TensorMeta) -> dict[str, OpArgs]:
     }
 
 
-def _adamw_args(parameters: Parameters, state_dtype: str) -> OpArgs:
+def adamw_op_args(parameters: Parameters, state_dtype: str) -> OpArgs:
     lists = [parameters.dtype, parameters.dtype, state_dtype, state_dtype]  # params, grads, exp_avg, exp_avg_sq
     inputs = tuple(TensorMeta.of((n,), dtype) for dtype in lists for n in parameters.numels)
     return OpArgs("_fused_adamw_", inputs=inputs)
@@ -176,12 +176,12 @@ def predict_training_step(
     }
     phase_peaks = {phase: sum(terms.values()) for phase, terms in terms_by_phase.items()}
     peak_phase = max(phase_peaks, key=phase_peaks.get)
-    loss = _loss_costs(logits)
+    loss = loss_op_args(logits)
     time_terms = {
         **{f"jitted forward + backward: {kind}": t for kind, t in _jitted_time_by_kind(graph, costs).items()},
         "recomputed in the backward": _recompute_time_s(graph, costs, tag_targets),
         "loss forward + backward (eager)": sum(roofline_time_s(formula_cost(a), spec) for a in loss.values()),
-        "optimizer step (fused AdamW)": roofline_time_s(formula_cost(_adamw_args(parameters, state_dtype)), spec),
+        "optimizer step (fused AdamW)": roofline_time_s(formula_cost(adamw_op_args(parameters, state_dtype)), spec),
     }
     notes = (
         f"AdamW moments: 2 x {states.bytes:,} B ({state_dtype}); parameters {parameters.bytes:,} B "

@@ -160,6 +160,16 @@ def _strategy(text: str) -> str:
     return text
 
 
+def _fit_strategies(text: str) -> list[str]:
+    from remat_opt.analysis.fit import STRATEGIES
+
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [n for n in names if n not in STRATEGIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown strategy {(unknown or [text])[0]!r}; use any of: {', '.join(STRATEGIES)}")
+    return names
+
+
 def model_spec(args: argparse.Namespace) -> ModelSpec:
     return ModelSpec(
         name=args.model,
@@ -540,7 +550,7 @@ def _fit_progress(i: int, n: int, config, row) -> None:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from remat_opt.analysis.fit import apply_lines, fit, gb, plan_file_of, result_json, result_rows
+    from remat_opt.analysis.fit import STRATEGIES, apply_lines, fit, gb, plan_file_of, result_json, result_rows
 
     if args.out is not None:
         check_writable_file(Path(args.out), "--out")
@@ -548,7 +558,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     result = fit(args.model, gpus=args.gpus, seq=args.seq, global_batch=args.global_batch,
                  memory_margin=args.memory_margin, memory_gb=args.memory_gb, micro_batches=args.micro_batches,
-                 strategies=[args.strategy] if args.strategy else ("fsdp", "ddp"),
+                 strategies=args.strategy or STRATEGIES,
                  collectives_in_flight=args.collectives_in_flight, dtype=args.dtype or "bfloat16",
                  n_layer=args.n_layer, tiny=args.tiny, executors=args.executors, traced_layers=args.traced_layers,
                  time_limit_s=args.time_limit_s, progress=None if args.no_progress else _fit_progress)
@@ -595,7 +605,10 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batches", type=_int_list, default=None, metavar="M,M,...",
                         help="micro-batch sizes to try (default 1,2,4,8, or the powers of two dividing the "
                              "per-rank batch)")
-    parser.add_argument("--strategy", default=None, type=_strategy, help="only fsdp or only ddp (default: both)")
+    parser.add_argument("--strategy", default=None, type=_fit_strategies, metavar="S,S,...",
+                        help="which of fsdp, ddp (thunder.jit with Thunder's transforms) and fsdp1 (torch's FSDP1 "
+                             "under ThunderFX, one unit per block, as Thunder's benchmark runs large models) to try "
+                             "(default: all)")
     parser.add_argument("--collectives-in-flight", type=_in_flight_list, default=[1, 2, None], metavar="K,K,...",
                         help="FSDP variants to try: collectives in flight beside the one in use, or 'thunder' "
                              "(Thunder's order)")

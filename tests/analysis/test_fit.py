@@ -53,16 +53,32 @@ def test_configurations_cover_fsdp_variants_and_ddp_by_micro_batch():
     # 8 sequences per rank: micro-batches 1, 2, 4, 8 with 8, 4, 2, 1 accumulation steps
     assert {(c.micro_batch, c.accumulation) for c in configs} == {(1, 8), (2, 4), (4, 2), (8, 1)}
     assert all(c.global_batch == 64 for c in configs)
-    assert {(c.parallel.strategy, c.parallel.collectives_in_flight) for c in configs} == {
-        ("fsdp", 1), ("fsdp", 2), ("fsdp", None), ("ddp", None)}
-    single = configurations(parse_gpus("h100"), micro_batches=[1, 2])
-    assert [(c.micro_batch, c.accumulation, c.parallel) for c in single] == [(1, 1, None), (2, 1, None)]
+    assert {(c.parallel.strategy, c.parallel.collectives_in_flight, c.torch_fsdp) for c in configs} == {
+        ("fsdp", 1, None), ("fsdp", 2, None), ("fsdp", None, None), ("ddp", None, None),
+        ("fsdp", None, "checkpoint"), ("fsdp", None, "costremat")}
+    assert len(configs) == 6 * 4
+    described = {c.describe() for c in configs if c.micro_batch == 1}
+    assert "torch FSDP1 x8 (ThunderFX), per-block checkpointing, micro-batch 1 x 8 steps" in described
+    assert "FSDP x8, Thunder's order, micro-batch 1 x 8 steps" in described
+    single = configurations(parse_gpus("h100"), micro_batches=[1, 2])  # no data parallelism on one GPU
+    assert [(c.micro_batch, c.accumulation, c.parallel, c.torch_fsdp) for c in single] == [
+        (1, 1, None, None), (2, 1, None, None)]
+    only = configurations(parse_gpus("2xH100"), micro_batches=[1], strategies=["fsdp1"])
+    assert [c.torch_fsdp for c in only] == ["checkpoint", "costremat"]
+
+
+def test_gpus_across_nodes_collect_over_infiniband():
+    from costmodels.interconnect import INFINIBAND_NDR, NVLINK4
+
+    assert parse_gpus("8xH100").spec.interconnect == NVLINK4
+    assert parse_gpus("64xH100").spec.interconnect == INFINIBAND_NDR
+    assert parse_gpus("2xcpu", 1.0).spec == "cpu"
 
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(global_batch=60), "--global-batch 60 does not split over 8 GPUs; use a multiple of 8 (56, 64)"),
     (dict(global_batch=64, micro_batches=[3]), "micro-batch 3 cannot make up --global-batch 64 on 8 GPUs"),
-    (dict(strategies=["zero3"]), "unknown strategy 'zero3'"),
+    (dict(strategies=["zero3"]), "unknown strategy 'zero3'; use any of fsdp, ddp, fsdp1"),
 ])
 def test_requests_that_cannot_be_searched_say_why(kwargs, message):
     with pytest.raises(FitError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -192,3 +208,36 @@ def test_cli_json_ranks_writes_the_plan_and_names_the_line_to_run(capsys, roomy,
     assert data["apply"][1].startswith("python train.py   # micro-batch 4")
     plan = PlanFile.load(out)
     assert plan.description["micro_batch"] == 4 and plan.tag_targets == {} and plan.world_size == 1
+
+
+# ---- torch's FSDP1 under ThunderFX (one block traced through ThunderFX) -----------------------
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_torch_fsdp1_rows_checkpointing_and_costremats_block_plan():
+    """Two ranks' FSDP1 iteration (`analysis.torch_fsdp`, exact on 2 gloo ranks in
+    tests/distributed/test_torch_fsdp.py): with room, CostRemat's block plan saves everything and
+    is faster than per-block checkpointing; at checkpointing's own peak as the limit, CostRemat's
+    fitting plan recomputes no more than checkpointing does."""
+    from remat_opt.analysis.fit import plan_file_of
+
+    # one block is traced whatever the depth: 8 blocks make the activations matter
+    kwargs = dict(gpus="2xcpu", seq=128, micro_batches=[1], strategies=["fsdp1"], memory_margin=0.0, n_layer=8,
+                  tiny=True)
+    roomy = {r.config.torch_fsdp: r for r in fit("Llama-2-7b-hf", memory_gb=1.0, **kwargs).rows}
+    assert roomy["checkpoint"].fits and roomy["costremat"].fits
+    assert roomy["costremat"].recompute_s == 0 < roomy["checkpoint"].recompute_s
+    assert roomy["costremat"].step_time_s < roomy["checkpoint"].step_time_s
+    assert roomy["checkpoint"].block_tag_targets == ("*",)
+    limit = roomy["checkpoint"].peak_bytes
+    assert roomy["costremat"].peak_bytes > limit  # saving everything needs more than checkpointing
+    tight = fit("Llama-2-7b-hf", memory_gb=limit / 1e9, **kwargs)
+    rows = {r.config.torch_fsdp: r for r in tight.rows}
+    assert rows["checkpoint"].fits and rows["checkpoint"].peak_bytes == limit
+    assert rows["costremat"].fits and rows["costremat"].peak_bytes <= limit
+    assert rows["costremat"].recompute_s <= rows["checkpoint"].recompute_s
+    below = {r.config.torch_fsdp: r for r in fit("Llama-2-7b-hf", memory_gb=(limit - 1) / 1e9, **kwargs).rows}
+    assert not below["checkpoint"].fits and below["checkpoint"].over_bytes == 1
+    with pytest.raises(FitError, match="plan files do not cover yet"):
+        plan_file_of(tight, rows["checkpoint"])

@@ -279,7 +279,7 @@ def test_default_executors_are_the_standin_on_meta_only():
 def test_training_step_adds_the_benchmarks_loss_optimizer_and_allocator(standin):
     from costmodels.formulas import formula_cost
     from remat_opt.core.simulation import simulate_step
-    from remat_opt.analysis.training_step import CUBLAS_WORKSPACE_BYTES, Parameters, _adamw_args, predict_training_step
+    from remat_opt.analysis.training_step import CUBLAS_WORKSPACE_BYTES, Parameters, adamw_op_args, predict_training_step
 
     parameters = thunder_1646.benchmark_parameters("Llama-2-7b-hf", n_layer=4, seq=SEQ, dtype="float32", tiny=True)
     assert parameters.dtype == "float32"
@@ -297,9 +297,9 @@ def test_training_step_adds_the_benchmarks_loss_optimizer_and_allocator(standin)
     # bf16 moments of fp32 parameters take half; the optimizer's time is its formula's on the H100 sheet
     half = predict_training_step(standin, costs, parameters, optimizer_state_dtype="bfloat16")
     assert half.memory_terms["AdamW moments"] < moments
-    adamw = formula_cost(_adamw_args(parameters, "float32"))
+    adamw = formula_cost(adamw_op_args(parameters, "float32"))
     assert adamw.bytes_read == 4 * parameters.bytes and adamw.bytes_written == 3 * parameters.bytes
-    big = formula_cost(_adamw_args(Parameters((65_536 * 400,) * 100, "bfloat16"), "bfloat16"))
+    big = formula_cost(adamw_op_args(Parameters((65_536 * 400,) * 100, "bfloat16"), "bfloat16"))
     assert big.kernels == 125  # 40,000 chunks of 65,536 elements, 320 per launch
     recomputing = predict_training_step(standin, costs, parameters, thunder_1646.sdpa_units(whatif.cost_graph(standin, "H100").problem))
     assert recomputing.time_terms["recomputed in the backward"] > 0 == step.time_terms["recomputed in the backward"]

@@ -146,3 +146,41 @@ def test_block_menu_and_assignments_price_every_plan_and_pick_the_fastest_that_f
     assert [c.recompute_time_s for c in chosen] == sorted((c.recompute_time_s for c in chosen), reverse=True)
     # save-all on every block fits only the largest budget, and costs nothing
     assert chosen[-1].recompute_time_s == 0.0
+
+
+# --- the micro-step on two streams (no ranks) -------------------------------------------------
+
+
+def _times(**kw):
+    from remat_opt.analysis.torch_fsdp import Fsdp1StepTimes
+
+    fields = dict(block_forward_s=1.0, block_backward_s=2.0, head_s=0.5, block_all_gather_s=0.0,
+                  block_reduce_scatter_s=0.0, root_all_gather_s=0.0, root_reduce_scatter_s=0.0)
+    return Fsdp1StepTimes(**{**fields, **kw})
+
+
+def test_without_collectives_a_micro_step_is_its_compute():
+    from remat_opt.analysis.torch_fsdp import fsdp1_micro_step_time
+
+    step = fsdp1_micro_step_time(4, _times())
+    assert step.time_s == step.compute_s == 4 * (1.0 + 2.0) + 0.5 and step.exposed_communication_s == 0
+
+
+def test_collectives_shorter_than_a_block_hide_behind_compute_but_the_first_and_last():
+    from remat_opt.analysis.torch_fsdp import fsdp1_micro_step_time
+
+    step = fsdp1_micro_step_time(4, _times(block_all_gather_s=0.25, block_reduce_scatter_s=0.25,
+                                           root_all_gather_s=0.25, root_reduce_scatter_s=0.25))
+    # exposed: the root's and the first block's all-gathers before the forward, the last block's
+    # before the backward, and the last two reduce-scatters after it
+    assert step.communication_s == pytest.approx(4 * 0.25 + 4 * 0.5 + 0.5)
+    assert step.exposed_communication_s == pytest.approx(0.25 + 0.25 + 0.25 + 0.25 + 0.25)
+
+
+def test_collectives_longer_than_compute_set_the_pace():
+    from remat_opt.analysis.torch_fsdp import fsdp1_micro_step_time
+
+    step = fsdp1_micro_step_time(8, _times(block_all_gather_s=10.0, block_reduce_scatter_s=10.0))
+    # one stream of collectives: 8 forward and 8 backward all-gathers, 8 reduce-scatters, in turn
+    assert step.communication_s == pytest.approx(240.0)
+    assert step.communication_s <= step.time_s <= step.communication_s + step.compute_s
