@@ -6,9 +6,10 @@ torch nor Thunder:
 * `CostRemat` (a Thunder transform) and `explain` (the plan of a jitted function's last call);
 * `analyze` (the joint graph of a model, without running a step), `analyze_model` (a litgpt config
   at full depth, traced on meta from a few layers), `plan_graph` and `pareto_curve` (offline plans);
+* `fit` (the fastest configuration of micro-batch and data parallelism whose iteration fits N GPUs);
 * `measure_saved_bytes` and `measure_step_peak_bytes` (what a real step saves and peaks at);
 * `sdpa_cpu_ex` (fused SDPA on CPU and meta, so that traces there look like GPU traces);
-* the errors to catch: `InfeasibleBudgetError`, `ModelTraceError`, `DeepenError`.
+* the errors to catch: `InfeasibleBudgetError`, `ModelTraceError`, `DeepenError`, `FitError`.
 
 Internals live in their modules (`remat_opt.core.graph`, `remat_opt.solvers`, ...). The modules that
 touch Thunder apply the torch compatibility steps (`remat_opt._compat`) before importing it, and
@@ -30,6 +31,8 @@ _LAZY = {
     "analyze_model": ("remat_opt.models.graphs", "analyze_model"),
     "plan_graph": ("remat_opt.analysis.offline", "plan_graph"),
     "pareto_curve": ("remat_opt.analysis.offline", "pareto_curve"),
+    "fit": ("remat_opt.analysis.fit", "fit"),
+    "FitError": ("remat_opt.analysis.fit", "FitError"),
     "measure_saved_bytes": ("remat_opt.validation.measure", "measure_saved_bytes"),
     "measure_step_peak_bytes": ("remat_opt.validation.measure", "measure_step_peak_bytes"),
     "sdpa_cpu_ex": ("remat_opt.executors.sdpa_cpu", "sdpa_cpu_ex"),

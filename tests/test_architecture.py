@@ -14,7 +14,7 @@ LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 # What a Thunder user reaches for; everything else lives in its module.
 USER_API = {
-    "CostRemat", "explain", "analyze", "analyze_model", "plan_graph", "pareto_curve",
+    "CostRemat", "explain", "analyze", "analyze_model", "plan_graph", "pareto_curve", "fit", "FitError",
     "measure_saved_bytes", "measure_step_peak_bytes", "sdpa_cpu_ex",
     "InfeasibleBudgetError", "ModelTraceError", "DeepenError",
 }  # fmt: skip
