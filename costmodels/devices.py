@@ -27,7 +27,23 @@ The CPU has no sheet: `calibrate_cpu` measures matmul FLOP/s per dtype, elementw
 throughput on cache-resident data, copy bandwidth (cache-resident and from DRAM) and the per-op
 overheads (a tiny kernel, a view) when a profile is taken.
 
-Roofline: ``time = max(matrix_flops / matrix_peak + other_flops / vector_peak + transcendentals /
+Achievable matrix throughput (GPUs): no GEMM runs at the sheet's peak. A matrix product of shape
+``(batch, M, N, K)`` (`OpCost.gemm_shapes`) runs at ``matrix_peak * gemm_efficiency``, the product of
+    * the achievable fraction of peak for large GEMMs, per dtype (`MAMF_FRACTIONS`): Stas Bekman's
+      "Maximum Achievable Matmul FLOPS" table (github.com/stas00/ml-engineering,
+      compute/accelerator/README.md), the best ``torch.matmul`` shape of a brute-force search;
+    * wave and tile quantization (`wave_utilization`): cuBLAS splits the output into
+      ``GEMM_TILE`` tiles (M and N padded up to tile multiples) and runs them in waves of one tile
+      per SM, a partly filled last wave taking as long as a full one (NVIDIA, "Matrix Multiplication
+      Background User's Guide", ch. 3 "Dimension Quantization Effects"). Useful share: ``batch*M*N /
+      (waves * SMs * tile_m * tile_n)`` with ``waves = ceil(batch * ceil(M/tile_m) * ceil(N/tile_n) /
+      SMs)``, the better of the tile's two orientations.
+Matrix FLOPs without a shape (fused attention, FLOPs counted by torch's counter) run at the large-GEMM
+fraction alone. No small-K term: no public measurement to size it from. Nothing here is fitted to a
+measured training step. CPU specs (nominal, calibrated) have no fractions and no SMs: their matmul
+rate is the calibrated one, unchanged.
+
+Roofline: ``time = max(matrix_time + other_flops / vector_peak + transcendentals /
 special_rate, bytes / bandwidth)`` where the bandwidth is the cache's when the op's bytes fit in it
 (CPU), + kernels * launch_overhead``; a view costs ``view_overhead`` and Thunder bookkeeping
 (``shallow_copy``, ``update_aliases``: no torch call) nothing.
@@ -35,13 +51,14 @@ special_rate, bytes / bandwidth)`` where the bandwidth is the cache's when the o
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
 import time
 from dataclasses import dataclass, replace
 
-from costmodels.formulas import OpCost
+from costmodels.formulas import OpCost, gemm_flops
 from costmodels.interconnect import GLOO_LOOPBACK, NVLINK3, NVLINK4, PCIE4, Interconnect, collective_time_s
 
 TERA = 1e12
@@ -72,6 +89,11 @@ class DeviceSpec:
             intra-node link by default (`with_interconnect` for another, e.g. InfiniBand across nodes).
         memory_bytes: the device memory NVML reports (``nvidia-smi``'s total: a GPU's "80GB" H100
             shows 81,559 MiB); 0 where unknown (the CPU: give the limit explicitly).
+        matmul_fractions: ``(dtype, fraction)`` pairs, the share of the matrix peak large GEMMs
+            achieve (`MAMF_FRACTIONS`); a dtype not listed takes bfloat16's; empty: 1.0 (CPUs, whose
+            matmul rate is measured).
+        sm_count: streaming multiprocessors, over which GEMM tiles are spread in waves
+            (`wave_utilization`); 0: no wave or tile quantization (CPUs).
     """
 
     name: str
@@ -86,6 +108,8 @@ class DeviceSpec:
     cache_bandwidth_bytes_per_s: float = 0.0
     interconnect: Interconnect = GLOO_LOOPBACK
     memory_bytes: int = 0
+    matmul_fractions: tuple[tuple[str, float], ...] = ()
+    sm_count: int = 0
 
     def matrix_peak(self, dtype: str) -> float:
         """Matrix FLOP/s for `dtype` (float32's for a dtype the sheet does not list)."""
@@ -109,6 +133,8 @@ def _gpu(
     interconnect: Interconnect, memory_mib: int,
 ) -> DeviceSpec:
     return DeviceSpec(
+        matmul_fractions=tuple(MAMF_FRACTIONS[name].items()),
+        sm_count=SM_COUNT[name],
         name=name,
         matrix_flops_per_s=tuple((k, v * TERA) for k, v in matrix_tflops.items()),
         vector_flops_per_s=tuple((k, v * TERA) for k, v in vector_tflops.items()),
@@ -130,6 +156,36 @@ _HOPPER_VECTOR = {"float64": 34.0, "float32": 67.0}
 # A100 show 81,559 and 81,920 MiB, "141GB" H200 143,771 MiB, "48GB" L40S 46,068 MiB (nvidia-smi
 # output as published, e.g. modal.com's table of GPU memory capacities, 2024).
 _MEMORY_MIB = {"H100-SXM": 81_559, "H200": 143_771, "A100-80GB": 81_920, "L40S": 46_068}
+
+# Achievable share of the dense matrix peak for large GEMMs ("MAMF" / theory): Stas Bekman, "Maximum
+# Achievable Matmul FLOPS comparison table", github.com/stas00/ml-engineering,
+# compute/accelerator/README.md (commit 744d01e, 2026-08; torch.matmul, mean of 100 iterations after
+# 50 warm-up ones, caches flushed, best shape of a brute-force search):
+#   BF16: "NVIDIA H100 SXM | 794.5 | 989 | 80.3% | 2048x2048x13312 | 2.7.0+cu126 | H200 is the same",
+#         "NVIDIA A100 SXM | 271.2 | 312 | 86.9% | 1024x10240x5120 | 2.6.0+cu126";
+#   FP8 (float8_e4m3fn): "NVIDIA H100 SXM | 1402.6 | 1979 | 70.9%", "NVIDIA H200 SXM | 1453.4 | 1979 | 73.4%".
+# H200 takes the H100 SXM's bf16 row, as that row's note says (same 700 W Hopper compute; the table's
+# GH200, 828.6 of 989 = 83.8%, is a 900 W part). The table's earlier rows, since replaced (no cache
+# flush): H100 SXM 792.1 (80.1%), A100 SXM 267.9 (85.9%), GH200 821.0 (83.0%). The L40S is not in the
+# table: it takes the H100 SXM's fractions (the lowest of its Ampere and Hopper rows), a placeholder
+# until measured. float32/tfloat32/float64 have no row and take bfloat16's (`DeviceSpec.matmul_fractions`).
+_H100_BF16, _H100_FP8, _H200_FP8, _A100_BF16 = 794.5 / 989, 1402.6 / 1979, 1453.4 / 1979, 271.2 / 312
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
+MAMF_FRACTIONS: dict[str, dict[str, float]] = {
+    "H100-SXM": {"bfloat16": _H100_BF16, "float16": _H100_BF16, **dict.fromkeys(_FP8, _H100_FP8)},
+    "H200": {"bfloat16": _H100_BF16, "float16": _H100_BF16, **dict.fromkeys(_FP8, _H200_FP8)},
+    "A100-80GB": {"bfloat16": _A100_BF16, "float16": _A100_BF16},
+    "L40S": {"bfloat16": _H100_BF16, "float16": _H100_BF16, **dict.fromkeys(_FP8, _H100_FP8)},
+}
+# Streaming multiprocessors: NVIDIA H100 whitepaper (132 on the SXM5 part; the H200 is the same die
+# and configuration), A100 whitepaper (108), Ada (AD102) whitepaper / L40S sheet (142).
+SM_COUNT = {"H100-SXM": 132, "H200": 132, "A100-80GB": 108, "L40S": 142}
+# Output tile of one thread block (M x N). NVIDIA's "Matrix Multiplication Background User's Guide",
+# 2.3 "Typical Tile Dimensions In cuBLAS And Performance", lists 256x128 and 128x256 as cuBLAS's most
+# efficient tiles, the ones large GEMMs (the MAMF shapes) run with; ml-engineering's wave-quantization
+# example (training/performance/README.md) takes the same 128x256 tile. Small GEMMs, for which cuBLAS
+# picks smaller tiles or splits K, come out slower than they run.
+GEMM_TILE = (128, 256)
 
 GPU_SPECS: dict[str, DeviceSpec] = {
     spec.name: spec
@@ -427,10 +483,57 @@ def roofline_time_s(cost: OpCost, spec: DeviceSpec) -> float:
     if cost.kernels == 0:  # each torch view pays the dispatcher; Thunder bookkeeping pays nothing
         return 0.0 if cost.formula == "free" else cost.views * spec.view_overhead_s
     compute_s = (
-        cost.matrix_flops / spec.matrix_peak(cost.dtype)
+        matrix_time_s(cost, spec)
         + (cost.vector_flops - cost.transcendentals) / spec.vector_peak(cost.dtype)
         + cost.transcendentals / spec.transcendentals_per_s
     )
     in_cache = 0 < cost.bytes_total <= spec.cache_bytes
     bandwidth = spec.cache_bandwidth_bytes_per_s if in_cache else spec.memory_bandwidth_bytes_per_s
     return max(compute_s, cost.bytes_total / bandwidth) + cost.kernels * spec.launch_overhead_s
+
+
+def matrix_fraction(spec: DeviceSpec, dtype: str) -> float:
+    """Share of `spec`'s matrix peak that large GEMMs of `dtype` achieve (1.0 without data: CPUs)."""
+    table = dict(spec.matmul_fractions)
+    return table.get(dtype, table.get("bfloat16", 1.0))
+
+
+def scheduled_gemm_flops(shape: tuple[int, int, int, int], sm_count: int, tile: tuple[int, int] = GEMM_TILE) -> int:
+    """FLOPs the SMs spend on a ``(batch, M, N, K)`` GEMM, padding included: ``2 * K * waves *
+    sm_count * tile_m * tile_n`` with ``waves = ceil(batch * ceil(M / tile_m) * ceil(N / tile_n) /
+    sm_count)`` (tile quantization pads M and N, wave quantization fills the last wave), for the
+    better of `tile`'s two orientations; the GEMM's own FLOPs when `sm_count` is 0 or it has none."""
+    batch, m, n, k = shape
+    if sm_count <= 0 or gemm_flops(shape) == 0:
+        return gemm_flops(shape)
+    waves = min(math.ceil(batch * math.ceil(m / tile_m) * math.ceil(n / tile_n) / sm_count)
+                for tile_m, tile_n in (tile, tile[::-1]))
+    return 2 * k * waves * sm_count * tile[0] * tile[1]
+
+
+def wave_utilization(shape: tuple[int, int, int, int], sm_count: int, tile: tuple[int, int] = GEMM_TILE) -> float:
+    """Useful share of the work a ``(batch, M, N, K)`` GEMM schedules on `sm_count` SMs: ``batch*M*N /
+    (waves * sm_count * tile_m * tile_n)`` (`scheduled_gemm_flops`); 1.0 without SMs or FLOPs."""
+    scheduled = scheduled_gemm_flops(shape, sm_count, tile)
+    return gemm_flops(shape) / scheduled if scheduled else 1.0
+
+
+def gemm_efficiency(spec: DeviceSpec, dtype: str, shape: tuple[int, int, int, int]) -> float:
+    """Share of `spec`'s matrix peak a ``(batch, M, N, K)`` GEMM of `dtype` achieves: the large-GEMM
+    fraction times `wave_utilization` (module docstring)."""
+    return matrix_fraction(spec, dtype) * wave_utilization(shape, spec.sm_count)
+
+
+def matrix_time_s(cost: OpCost, spec: DeviceSpec) -> float:
+    """Time of `cost`'s matrix FLOPs: each of its `OpCost.gemm_shapes` as its `scheduled_gemm_flops`,
+    the FLOPs no shape covers as they are, all at the large-GEMM fraction of the peak. A spec without
+    fractions or SMs (a CPU) takes ``matrix_flops / matrix_peak``, as before shapes existed."""
+    peak = spec.matrix_peak(cost.dtype)
+    if not spec.matmul_fractions and spec.sm_count <= 0:
+        return cost.matrix_flops / peak
+    shaped_flops = sum(gemm_flops(shape) for shape in cost.gemm_shapes)
+    covered = min(shaped_flops, cost.matrix_flops)  # shapes never add FLOPs the cost does not count
+    scheduled = sum(scheduled_gemm_flops(shape, spec.sm_count) for shape in cost.gemm_shapes)
+    if covered < shaped_flops:
+        scheduled *= covered / shaped_flops
+    return (scheduled + cost.matrix_flops - covered) / (peak * matrix_fraction(spec, cost.dtype))

@@ -137,6 +137,10 @@ class OpCost:
             is timed by the interconnect, not the roofline.
         views: views an op without kernels makes (``split`` into three: 3), each paying the
             dispatcher's view overhead.
+        gemm_shapes: ``(batch, M, N, K)`` of each matrix product whose FLOPs (``2*batch*M*N*K``)
+            are in `matrix_flops` (a fusion region: its members'), so that a device's roofline can
+            price each one at its achievable rate (`costmodels.devices.gemm_efficiency`); matrix
+            FLOPs without a shape (attention, counted fallbacks) are priced without one.
     """
 
     flops: int
@@ -153,6 +157,7 @@ class OpCost:
     network_bytes: int = 0
     collective_calls: int = 0
     views: int = 1
+    gemm_shapes: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def effective_flops(self) -> int:
@@ -433,48 +438,56 @@ def inplace_copy_cost(args: OpArgs) -> OpCost:
 # ---------------------------------------------------------------------------------------------
 
 
+def gemm_flops(shape: tuple[int, int, int, int]) -> int:
+    """FLOPs of one ``(batch, M, N, K)`` matrix product: a multiply and an add per term."""
+    batch, m, n, k = shape
+    return 2 * batch * m * n * k
+
+
 @register_cost("matmul", "mm", "bmm", "torch.linalg.matmul")
 def matmul_cost(args: OpArgs) -> OpCost:
     """``a @ b`` with torch's broadcasting: each output element is a dot product of length ``k``."""
-    a = args.inputs[0]
-    k = a.shape[-1]
-    out_numel = args.outputs[0].numel if args.outputs else _matmul_out_numel(args)
-    return _cost(args, "matmul", flops=2 * out_numel * k, matrix=True)
+    shape = _matmul_shape(args.inputs[0].shape, args.inputs[1].shape)
+    batch, m, n, k = shape
+    out_numel = args.outputs[0].numel if args.outputs else batch * m * n
+    return _cost(args, "matmul", flops=2 * out_numel * k, matrix=True, gemm_shapes=(shape,))
 
 
-def _matmul_out_numel(args: OpArgs) -> int:
-    """Output elements of ``a @ b`` when the graph gave no output (hand-built `OpArgs`)."""
-    a, b = args.inputs[0].shape, args.inputs[1].shape
+def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """``(batch, M, N, K)`` of ``a @ b`` (torch's broadcasting; a 1-D operand gives M or N = 1)."""
     m = a[-2] if len(a) > 1 else 1
     n = b[-1] if len(b) > 1 else 1
     a_batch, b_batch = a[:-2], b[:-2]
     width = max(len(a_batch), len(b_batch))
     a_batch = (1,) * (width - len(a_batch)) + tuple(a_batch)
     b_batch = (1,) * (width - len(b_batch)) + tuple(b_batch)
-    return math.prod(max(x, y) for x, y in zip(a_batch, b_batch)) * m * n
+    return math.prod(max(x, y) for x, y in zip(a_batch, b_batch)), m, n, a[-1]
 
 
 @register_cost("linear", "te_functional_linear_fwd")
 def linear_cost(args: OpArgs) -> OpCost:
     """``x @ w.T (+ b)``: 2 * rows * in * out FLOPs; the bias add is not counted (as torch's addmm)."""
     x, w = args.inputs[0], args.inputs[1]
-    rows = math.prod(x.shape[:-1])
-    return _cost(args, "linear", flops=2 * rows * w.shape[-1] * w.shape[0], matrix=True)
+    shape = (1, math.prod(x.shape[:-1]), w.shape[0], w.shape[-1])
+    return _cost(args, "linear", flops=gemm_flops(shape), matrix=True, gemm_shapes=(shape,))
 
 
 @register_cost("addmm", "baddbmm")
 def addmm_cost(args: OpArgs) -> OpCost:
     """``c + a @ b``: the product's FLOPs only, as torch counts."""
-    a = args.inputs[1]
-    return _cost(args, "matmul", flops=2 * args.outputs[0].numel * a.shape[-1], matrix=True)
+    a, b = args.inputs[1], args.inputs[2]
+    return _cost(args, "matmul", flops=2 * args.outputs[0].numel * a.shape[-1], matrix=True,
+                 gemm_shapes=(_matmul_shape(a.shape, b.shape),))
 
 
 @register_cost("te_functional_linear_bwd")
 def linear_backward_cost(args: OpArgs) -> OpCost:
     """Input and weight gradients of ``linear``: two products of the forward's size."""
     grad, x = args.inputs[0], args.inputs[1]
-    flops = 2 * 2 * math.prod(grad.shape[:-1]) * grad.shape[-1] * x.shape[-1]
-    return _cost(args, "linear_backward", flops=flops, matrix=True)
+    rows, n_out, n_in = math.prod(grad.shape[:-1]), grad.shape[-1], x.shape[-1]
+    # input gradient grad @ w: [rows, out] x [out, in]; weight gradient grad.T @ x: [out, rows] x [rows, in]
+    shapes = ((1, rows, n_in, n_out), (1, n_out, n_in, rows))
+    return _cost(args, "linear_backward", flops=sum(map(gemm_flops, shapes)), matrix=True, gemm_shapes=shapes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -553,7 +566,11 @@ def _bhsd(t: TensorMeta, heads_first: bool) -> tuple[int, int, int, int]:
 
 @register_cost(*SDPA_FORMS)
 def sdpa_cost(args: OpArgs) -> OpCost:
-    """Fused attention forward or backward; softmax work (5 or 4 per score, one exp) goes to vector FLOPs."""
+    """Fused attention forward or backward; softmax work (5 or 4 per score, one exp) goes to vector FLOPs.
+
+    No `OpCost.gemm_shapes`: a fused kernel tiles the score matrix its own way, so its matrix FLOPs
+    are priced at the device's large-GEMM rate (see `costmodels.devices.matrix_time_s`).
+    """
     form = SDPA_FORMS[args.symbol]
     first = 1 if form.backward else 0
     q, k, v = (_bhsd(t, form.heads_first) for t in args.inputs[first : first + 3])
@@ -657,7 +674,7 @@ def fused_adamw_cost(args: OpArgs) -> OpCost:
 
 
 def fusion_cost(args: OpArgs) -> OpCost:
-    """A fusion region: its members' FLOPs, bytes only at the region boundary.
+    """A fusion region: its members' FLOPs and GEMM shapes, bytes only at the region boundary.
 
     Matrix products inside a region (torch.compile calls them as extern kernels) launch kernels of
     their own; everything else is taken to fuse into one kernel.
@@ -674,6 +691,7 @@ def fusion_cost(args: OpArgs) -> OpCost:
         transcendentals=sum(m.transcendentals for m in members),
         kernels=1 + len(matrix_members),
         dtype=heaviest.dtype if heaviest else _dtype(args),
+        gemm_shapes=tuple(shape for m in members for shape in m.gemm_shapes),
     )
 
 

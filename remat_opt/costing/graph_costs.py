@@ -206,7 +206,7 @@ class CostModel:
         """Summed cost of a chain of ops (e.g. what recomputing a tensor runs).
 
         ``source`` is ``"measured"`` only when every op's time was measured; ``formula`` is
-        ``"chain"``; ``kernels`` and the FLOP and byte counts add up.
+        ``"chain"``; ``kernels`` and the FLOP and byte counts add up, the GEMM shapes concatenate.
         """
         costs = [self.op_cost(op) for op in ops]
         if not costs:
@@ -221,6 +221,7 @@ class CostModel:
             kernels=sum(c.kernels for c in costs),
             dtype=costs[0].dtype,
             formula="chain",
+            gemm_shapes=tuple(shape for c in costs for shape in c.gemm_shapes),
         )
         source = "measured" if all(is_measured(c.source) for c in costs) else "formula"
         return replace(total, time_s=sum(c.time_s for c in costs), source=source)
