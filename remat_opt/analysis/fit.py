@@ -3,8 +3,10 @@
 For a litgpt model at a sequence length, `fit` tries every configuration of:
 
 * the micro-batch size (gradient accumulation makes up the global batch, when one is given);
-* data parallelism over the ranks: FSDP (ZeRO-3) with at most k collectives in flight (or in
-  Thunder's own order), or DDP; one GPU runs neither;
+* data parallelism over the ranks: Thunder's FSDP (ZeRO-3) with at most k collectives in flight
+  (or in Thunder's own order), or DDP, under ``thunder.jit``; or torch's FSDP1 with one unit per
+  block under ThunderFX, as Thunder's benchmark runs large models, with every block checkpointed or
+  CostRemat's block plan (`analysis.torch_fsdp`, `analysis.thunder_1370`); one GPU runs none;
 
 and for each the fastest CostRemat plan (`solver="auto"`) whose predicted per-rank peak of the
 **whole iteration** fits the device's memory less a margin. The iteration is Thunder's
@@ -647,9 +649,11 @@ def fit(model: str, *, gpus: str | GPUs, seq: int, global_batch: int | None = No
 def _derivation_notes() -> list[str]:
     return [
         "peak: Thunder's benchmark_litgpt.py iteration per rank (parameters, gradients, AdamW moments in the "
-        "parameters' dtype, activations, eager loss, cuBLAS workspace; blocks rounded to 512 B)",
-        "time: op formulas on the spec sheet's peaks (matmuls at the datasheet peak, not yet by shape), "
-        "collectives on their own stream beside compute; accumulation steps each run the whole jitted step",
+        "parameters' dtype, activations, eager loss, cuBLAS workspace; blocks rounded to 512 B); torch FSDP1: "
+        "its iteration walked unit by unit (analysis.torch_fsdp)",
+        "time: op formulas on the spec sheet, GEMMs at the achievable share of peak by shape (MAMF table, wave and "
+        "tile quantization), collectives on their own stream beside compute (over InfiniBand beyond 8 GPUs); "
+        "accumulation steps each run the whole step",
     ]
 
 
