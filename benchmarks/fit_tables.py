@@ -57,23 +57,32 @@ CASES = (
 DEFAULT_PAGE = RESULTS_DIR / "fit.md"
 
 
-def cache_state() -> str:
+def cached_graphs() -> int | None:
+    """Files in ``REMAT_OPT_GRAPH_CACHE`` (None: no cache set)."""
     folder = os.environ.get("REMAT_OPT_GRAPH_CACHE")
     if not folder:
-        return "no graph cache (every graph traced)"
-    n = sum(1 for _ in Path(folder).glob("**/*")) if Path(folder).exists() else 0
-    return f"graph cache {'warm' if n else 'cold'} ({n} files in REMAT_OPT_GRAPH_CACHE before the case)"
+        return None
+    return sum(1 for _ in Path(folder).glob("**/*")) if Path(folder).exists() else 0
+
+
+def cache_state(before: int | None, after: int | None) -> str:
+    if before is None:
+        return "no graph cache: every graph traced"
+    if after == before:
+        return "warm: every graph from the graph cache"
+    return f"cold: graphs traced, {after - before} files written to the graph cache"
 
 
 def run_case(case: Case, micro_batches=None) -> str:
-    state = cache_state()
+    cached_before = cached_graphs()
     start_s = time.perf_counter()
     result = fit(case.model, gpus=case.gpus, seq=case.seq, micro_batches=micro_batches,
                  progress=lambda i, n, config, row: print(f"  [{time.perf_counter() - start_s:5.0f} s] {i + 1}/{n} "
                                                           f"{config.describe()}" + ("" if row is None else
                                                           f": {'fits' if row.fits else 'does not fit'}"), flush=True))
+    state = cache_state(cached_before, cached_graphs())
     lines = [f"### {case.model} on {result.gpus.describe()}, seq {case.seq}", "",
-             f"Answered in **{result.seconds:.1f} s** ({state}); limit {result.limit_bytes / GB:.2f} GB per rank "
+             f"Answered in **{result.seconds:.1f} s** ({state}; torch FSDP1's one block always traced); limit {result.limit_bytes / GB:.2f} GB per rank "
              f"({result.memory_margin:.0%} of memory held back).", ""]
     if case.published:
         lines += [f"Published: {case.published}.", ""]

@@ -427,7 +427,7 @@ def evaluate_configuration(request: ModelRequest, config: Configuration, gpus: G
         row = _fitting_row(request, config, graph, costs, costed, None, save_all, floor)
     elif floor > limit_bytes:
         row = FitRow(fits=False, peak_bytes=None, over_bytes=floor - limit_bytes,
-                     note=f"any plan peaks at {gb(floor)} GB or more (proven)", **done)
+                     note=f"any plan peaks at {gb(floor)} GB or more (proven){_floor_cause(costed.problem)}", **done)
     else:
         row = _search_budget(request, config, graph, costs, costed, predict, limit_bytes, save_all, resident,
                              floor, time_limit_s, gpus.cuda_arch)
@@ -462,12 +462,16 @@ def _evaluate_torch_fsdp(request, config, gpus, limit_bytes, parameters, states_
     them) whose predicted iteration peak fits."""
     from costmodels.devices import roofline_time_s
     from costmodels.formulas import formula_cost
+    from remat_opt.analysis.thunder_1370 import CHECKPOINT_WRAPPER
     from remat_opt.analysis.torch_fsdp import fsdp1_micro_step_time
     from remat_opt.analysis.training_step import adamw_op_args
 
     key = (request, config.world_size, config.micro_batch, gpus)
     case = _torch_fsdp_case(*key)
-    plans = (case.checkpoint(),) if config.torch_fsdp == "checkpoint" else _block_menu(*key, time_limit_s)
+    if config.torch_fsdp == "checkpoint":
+        plans = (case.checkpoint(),)
+    else:  # CostRemat's own plans: tags (torch's checkpoint_wrapper is the other row)
+        plans = tuple(p for p in _block_menu(*key, time_limit_s) if p.tag_targets != CHECKPOINT_WRAPPER)
     predicted = [(plan, case.predict(plan)) for plan in plans]
     fitting = [(p, pred) for p, pred in predicted if pred.peak_bytes <= limit_bytes]
     done = dict(config=config, floor_bytes=states_bytes, gap=None)
@@ -482,7 +486,7 @@ def _evaluate_torch_fsdp(request, config, gpus, limit_bytes, parameters, states_
     optimizer_s = roofline_time_s(formula_cost(adamw_op_args(parameters, parameters.dtype)), case.costs.device_spec)
     total_s = config.accumulation * micro_step.time_s + optimizer_s
     tokens = config.micro_batch * config.accumulation * request.seq
-    rerun = ("every block's forward (checkpoint_wrapper)" if plan.tag_targets == ("*",)
+    rerun = ("every block's forward (checkpoint_wrapper)" if plan.tag_targets == CHECKPOINT_WRAPPER
              else f"{plan.activations.recompute_ops} ops per block ({plan.label})" if plan.activations.recompute_ops
              else "nothing")
     return FitRow(fits=True, peak_bytes=prediction.peak_bytes, peak_phase=prediction.peak_event, step_time_s=total_s,
@@ -490,6 +494,23 @@ def _evaluate_torch_fsdp(request, config, gpus, limit_bytes, parameters, states_
                   exposed_communication_s=config.accumulation * micro_step.exposed_communication_s,
                   recompute_s=config.accumulation * n_blocks * plan.recompute_time_s, recomputed=rerun,
                   note=f"block plan: {plan.label}", block_tag_targets=plan.tag_targets, **done)
+
+
+def _floor_cause(problem) -> str:
+    """What makes the step's proven floor, where one term dominates it: the unsharded gradients
+    waiting for their reduce-scatters (Thunder's FSDP issues them after the backward's compute)."""
+    from remat_opt.distributed.collective_order import gradients_awaiting_scatter_bytes
+    from remat_opt.solvers.peak_model import peak_model_of
+
+    const = peak_model_of(problem).const
+    event, n_forward = int(const.argmax()), len(problem.graph.forward_ops)
+    if event <= n_forward:
+        return ""
+    waiting = gradients_awaiting_scatter_bytes(problem.graph, event - n_forward - 1)
+    if waiting < const[event] / 2:
+        return ""
+    return (f", {gb(waiting)} GB of it unsharded gradients waiting for their reduce-scatters, which Thunder's FSDP "
+            "issues after the backward's last compute")
 
 
 def _solve(costed, budget_bytes: int, time_limit_s: float) -> RematPlan:

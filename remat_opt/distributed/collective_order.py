@@ -151,3 +151,28 @@ def reorder_graph(graph: JointGraph, in_flight: int | None) -> JointGraph:
         counts[op.is_backward] += 1
         renumbered.append(_renumbered(op, f"{'bwd' if op.is_backward else 'fwd'}{index}", index))
     return replace(graph, ops=tuple(renumbered))
+
+
+def gradients_awaiting_scatter_bytes(graph: JointGraph, backward_index: int) -> int:
+    """Bytes of the backward's tensors alive at its op `backward_index` (made by then, read then or
+    later) that a reduce-scatter reads, directly or through one op (FSDP's division by the world
+    size): the unsharded gradients waiting to be scattered. In Thunder's order every reduce-scatter
+    is issued after the backward's last compute, so there all of them are alive at once."""
+    ops = graph.backward_ops
+    readers: dict[str, list[OpNode]] = {}
+    born: dict[str, int] = {}
+    last_read: dict[str, int] = {}
+    for j, op in enumerate(ops):
+        for name in op.inputs:
+            readers.setdefault(name, []).append(op)
+            last_read[name] = j
+        for name in op.outputs:
+            born.setdefault(name, j)
+
+    def scattered(name: str, hops: int = 2) -> bool:
+        return any(op.symbol == REDUCE_SCATTER or (hops > 1 and any(scattered(o, hops - 1) for o in op.outputs))
+                   for op in readers.get(name, ()))
+
+    tensors = graph.tensors
+    return sum(tensors[name].storage_bytes for name, j in born.items()
+               if tensors[name].storage == name and j <= backward_index <= last_read.get(name, -1) and scattered(name))

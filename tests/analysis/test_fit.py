@@ -219,24 +219,32 @@ def test_torch_fsdp1_rows_checkpointing_and_costremats_block_plan():
     """Two ranks' FSDP1 iteration (`analysis.torch_fsdp`, exact on 2 gloo ranks in
     tests/distributed/test_torch_fsdp.py): with room, CostRemat's block plan saves everything and
     is faster than per-block checkpointing; at checkpointing's own peak as the limit, CostRemat's
-    fitting plan recomputes no more than checkpointing does."""
-    from remat_opt.analysis.fit import plan_file_of
+    row is the least-recompute block plan (Thunder tags, not torch's checkpoint_wrapper) that fits."""
+    from remat_opt.analysis.fit import ModelRequest, _block_menu, _torch_fsdp_case, plan_file_of
+    from remat_opt.analysis.thunder_1370 import CHECKPOINT_WRAPPER
 
     # one block is traced whatever the depth: 8 blocks make the activations matter
     kwargs = dict(gpus="2xcpu", seq=128, micro_batches=[1], strategies=["fsdp1"], memory_margin=0.0, n_layer=8,
                   tiny=True)
-    roomy = {r.config.torch_fsdp: r for r in fit("Llama-2-7b-hf", memory_gb=1.0, **kwargs).rows}
+    roomy_result = fit("Llama-2-7b-hf", memory_gb=1.0, **kwargs)
+    roomy = {r.config.torch_fsdp: r for r in roomy_result.rows}
     assert roomy["checkpoint"].fits and roomy["costremat"].fits
     assert roomy["costremat"].recompute_s == 0 < roomy["checkpoint"].recompute_s
     assert roomy["costremat"].step_time_s < roomy["checkpoint"].step_time_s
-    assert roomy["checkpoint"].block_tag_targets == ("*",)
+    assert roomy["checkpoint"].block_tag_targets == CHECKPOINT_WRAPPER
     limit = roomy["checkpoint"].peak_bytes
     assert roomy["costremat"].peak_bytes > limit  # saving everything needs more than checkpointing
     tight = fit("Llama-2-7b-hf", memory_gb=limit / 1e9, **kwargs)
     rows = {r.config.torch_fsdp: r for r in tight.rows}
     assert rows["checkpoint"].fits and rows["checkpoint"].peak_bytes == limit
-    assert rows["costremat"].fits and rows["costremat"].peak_bytes <= limit
-    assert rows["costremat"].recompute_s <= rows["checkpoint"].recompute_s
+    key = (ModelRequest("Llama-2-7b-hf", 128, n_layer=8, tiny=True), 2, 1, tight.gpus)
+    case = _torch_fsdp_case(*key)
+    fitting = [p for p in _block_menu(*key, 10.0)
+               if p.tag_targets != CHECKPOINT_WRAPPER and case.predict(p).peak_bytes <= limit]
+    assert fitting and rows["costremat"].fits and rows["costremat"].peak_bytes <= limit
+    n_blocks = case.units.n_blocks
+    assert rows["costremat"].recompute_s == pytest.approx(n_blocks * min(p.recompute_time_s for p in fitting))
+    assert rows["costremat"].block_tag_targets != CHECKPOINT_WRAPPER
     below = {r.config.torch_fsdp: r for r in fit("Llama-2-7b-hf", memory_gb=(limit - 1) / 1e9, **kwargs).rows}
     assert not below["checkpoint"].fits and below["checkpoint"].over_bytes == 1
     with pytest.raises(FitError, match="plan files do not cover yet"):

@@ -130,3 +130,17 @@ def test_an_infeasible_fsdp_peak_budget_points_to_collectives_in_flight():
         with pytest.raises(InfeasibleBudgetError) as raised:
             jitted(*inputs)  # planned at compile time, on meta: nothing runs
     assert any("CostRemat(collectives_in_flight=1) lowers it" in note for note in raised.value.__notes__)
+
+
+def test_in_thunders_order_every_unsharded_gradient_awaits_its_reduce_scatter_at_once(fsdp_4_ranks):
+    from remat_opt.distributed.collective_order import REDUCE_SCATTER, gradients_awaiting_scatter_bytes
+    from remat_opt.models.by_name import ModelSpec, build_model
+
+    backward = fsdp_4_ranks.backward_ops
+    first_scatter = next(j for j, op in enumerate(backward) if op.symbol == REDUCE_SCATTER)
+    model, _ = build_model(ModelSpec(**SPEC_ARGS))
+    unsharded = sum(p.numel() * p.element_size() for p in model.parameters())
+    # Thunder issues the reduce-scatters after the backward's last compute: all gradients wait there
+    assert gradients_awaiting_scatter_bytes(fsdp_4_ranks, first_scatter) == unsharded
+    assert gradients_awaiting_scatter_bytes(fsdp_4_ranks, 0) < unsharded / 4
+    assert gradients_awaiting_scatter_bytes(fsdp_4_ranks, len(backward) - 1) == 0
