@@ -497,16 +497,21 @@ def _evaluate_torch_fsdp(request, config, gpus, limit_bytes, parameters, states_
 
 
 def _floor_cause(problem) -> str:
-    """What makes the step's proven floor, where one term dominates it: the unsharded gradients
-    waiting for their reduce-scatters (Thunder's FSDP issues them after the backward's compute)."""
-    from remat_opt.distributed.collective_order import gradients_awaiting_scatter_bytes
+    """What makes the step's proven floor, where one term makes half of it or more: the unsharded
+    weights Thunder's FSDP gathers at the forward's start, or the unsharded gradients waiting for
+    reduce-scatters it issues after the backward's compute."""
+    from remat_opt.distributed.collective_order import gathered_weights_alive_bytes, gradients_awaiting_scatter_bytes
     from remat_opt.solvers.peak_model import peak_model_of
 
     const = peak_model_of(problem).const
     event, n_forward = int(const.argmax()), len(problem.graph.forward_ops)
-    if event <= n_forward:
+    if event < n_forward:
+        weights = gathered_weights_alive_bytes(problem.graph, event)
+        if weights >= const[event] / 2:
+            return (f", {gb(weights)} GB of it unsharded weights, which Thunder's FSDP gathers at the forward's start "
+                    "(collectives_in_flight lowers it)")
         return ""
-    waiting = gradients_awaiting_scatter_bytes(problem.graph, event - n_forward - 1)
+    waiting = gradients_awaiting_scatter_bytes(problem.graph, max(event - n_forward - 1, 0))
     if waiting < const[event] / 2:
         return ""
     return (f", {gb(waiting)} GB of it unsharded gradients waiting for their reduce-scatters, which Thunder's FSDP "

@@ -176,3 +176,18 @@ def gradients_awaiting_scatter_bytes(graph: JointGraph, backward_index: int) -> 
     tensors = graph.tensors
     return sum(tensors[name].storage_bytes for name, j in born.items()
                if tensors[name].storage == name and j <= backward_index <= last_read.get(name, -1) and scattered(name))
+
+
+def gathered_weights_alive_bytes(graph: JointGraph, forward_index: int) -> int:
+    """Bytes of the unsharded weights (FSDP all-gathers' waited outputs) alive at the forward's op
+    `forward_index`: gathered by then and read then or later (the backward's reads included). In
+    Thunder's order every all-gather is issued at the forward's start, so all of them are alive."""
+    ops = graph.forward_ops
+    gathered = {wait.outputs[0] for _, wait in async_pairs(ops, ALL_GATHER, lambda op: op.symbol,
+                                                            lambda op: op.inputs, lambda op: op.outputs)}
+    born = {name: j for j, op in enumerate(ops) for name in op.outputs if name in gathered}
+    last_read = {name: j for j, op in enumerate(ops) for name in op.inputs if name in gathered}
+    read_later = {name for op in graph.backward_ops for name in op.inputs if name in gathered}
+    tensors = graph.tensors
+    return sum(tensors[name].storage_bytes for name, j in born.items()
+               if j <= forward_index and (name in read_later or last_read.get(name, -1) >= forward_index))

@@ -144,3 +144,21 @@ def test_in_thunders_order_every_unsharded_gradient_awaits_its_reduce_scatter_at
     assert gradients_awaiting_scatter_bytes(fsdp_4_ranks, first_scatter) == unsharded
     assert gradients_awaiting_scatter_bytes(fsdp_4_ranks, 0) < unsharded / 4
     assert gradients_awaiting_scatter_bytes(fsdp_4_ranks, len(backward) - 1) == 0
+
+
+def test_in_thunders_order_every_unsharded_weight_is_alive_from_the_forwards_start(fsdp_4_ranks):
+    from remat_opt.distributed.collective_order import ALL_GATHER, WAIT, gathered_weights_alive_bytes
+    from remat_opt.models.by_name import ModelSpec, build_model
+
+    forward = fsdp_4_ranks.forward_ops
+    last_wait = max(j for j, op in enumerate(forward) if op.symbol == WAIT)
+    model, _ = build_model(ModelSpec(**SPEC_ARGS))
+    unsharded = sum(p.numel() * p.element_size() for p in model.parameters())
+    matrices = sum(p.numel() * p.element_size() for p in model.parameters() if p.dim() > 1)
+    # at the last wait every weight matrix is alive; a norm's weight may be used up by then
+    assert matrices <= gathered_weights_alive_bytes(fsdp_4_ranks, last_wait) <= unsharded
+    first_gather = next(j for j, op in enumerate(forward) if op.symbol == ALL_GATHER)
+    assert gathered_weights_alive_bytes(fsdp_4_ranks, first_gather) == 0
+    limited = _fsdp_graph(4, in_flight=0)  # each weight gathered just before its use
+    most = max(gathered_weights_alive_bytes(limited, j) for j in range(len(limited.forward_ops)))
+    assert most < matrices
