@@ -300,6 +300,11 @@ class FitResult:
     def best(self) -> FitRow | None:
         return self.rows[0] if self.rows and self.rows[0].fits else None
 
+    @property
+    def best_thunder_jit(self) -> FitRow | None:
+        """The fastest fitting configuration under ``thunder.jit`` (the ones plan files cover)."""
+        return next((r for r in self.rows if r.fits and r.config.torch_fsdp is None), None)
+
 
 def rank_rows(rows: Sequence[FitRow]) -> tuple[FitRow, ...]:
     """Fitting rows by tokens/s per GPU (highest first), then the rest by overshoot (least first)."""
@@ -777,6 +782,8 @@ def _torch_fsdp_lines(result: FitResult, row: FitRow) -> list[str]:
                f"--shard_mode zero3 --micro_batch_size {config.micro_batch} --global_batch_size {config.global_batch}")
     if config.torch_fsdp == "checkpoint":
         return [command + " --checkpoint_activations True"]
+    if not row.block_tag_targets:  # the block saves everything: the command as it is
+        return [command]
     return [command + "   # without checkpointing; the block plan's tags (--json: block_tag_targets) are not "
             "yet applied from a plan file under ThunderFX"]
 

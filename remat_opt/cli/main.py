@@ -562,13 +562,14 @@ def cmd_fit(args: argparse.Namespace) -> int:
                  collectives_in_flight=args.collectives_in_flight, dtype=args.dtype or "bfloat16",
                  n_layer=args.n_layer, tiny=args.tiny, executors=args.executors, traced_layers=args.traced_layers,
                  time_limit_s=args.time_limit_s, progress=None if args.no_progress else _fit_progress)
-    plan_path = None
-    if args.out is not None and result.best is not None:
-        plan_path = str(plan_file_of(result).write(args.out))
+    plan_path, planned = None, result.best_thunder_jit
+    if args.out is not None and planned is not None:
+        plan_path = str(plan_file_of(result, planned).write(args.out))
     if args.json:
         data = result_json(result)
         if plan_path is not None:
-            data.update(plan_file=plan_path, apply=apply_lines(result, plan_path=plan_path))
+            data.update(plan_file=plan_path, plan_file_configuration=planned.config.describe(),
+                        apply=apply_lines(result, planned, plan_path=plan_path))
         print(json.dumps(data, indent=2, default=str))
         return 0
     tried = len(result.rows)
@@ -577,13 +578,19 @@ def cmd_fit(args: argparse.Namespace) -> int:
     print(markdown_table(result_rows(result)))
     for note in result.notes:
         print(f"- {note}")
-    lines = apply_lines(result, plan_path=plan_path)
-    if lines:
-        print(f"\nFastest that fits: {result.best.config.describe()}" + (f"; its plan is in {plan_path}" if plan_path else ""))
-        print("\n".join(lines))
-    else:
+    lines = apply_lines(result)
+    if not lines:
         print("\nNo configuration fits; the closest is listed first among those that do not"
               + (f" (no plan written to {args.out})" if args.out else "") + ".")
+        return 0
+    print(f"\nFastest that fits: {result.best.config.describe()}")
+    print("\n".join(lines))
+    if plan_path is not None:
+        print(f"\nIts plan is in {plan_path}:" if planned is result.best else
+              f"\nThe fastest under thunder.jit, {planned.config.describe()}, has its plan in {plan_path}:")
+        print("\n".join(apply_lines(result, planned, plan_path=plan_path)))
+    elif args.out is not None:
+        print(f"\nNo configuration under thunder.jit fits: no plan written to {args.out}.")
     return 0
 
 

@@ -93,6 +93,16 @@ def test_rows_rank_fastest_fitting_first_then_least_over():
     assert [r.config.micro_batch for r in ranked] == [2, 1, 4, 8]
 
 
+def test_the_plan_file_goes_to_the_fastest_thunder_jit_configuration():
+    from remat_opt.analysis.fit import FitResult
+
+    fsdp1 = FitRow(Configuration(1, 1, DataParallel("fsdp", 8), "checkpoint"), True, 1, 0, tokens_per_s_per_gpu=30.0)
+    jit = FitRow(Configuration(1, 1, DataParallel("fsdp", 8, 1)), True, 1, 0, tokens_per_s_per_gpu=20.0)
+    result = FitResult("m", 8, parse_gpus("8xH100"), 1, 0.05, rank_rows([jit, fsdp1]), (), 0.0)
+    assert result.best is fsdp1 and result.best_thunder_jit is jit
+    assert result.best_thunder_jit.config.describe() == "FSDP x8, 1 in flight, micro-batch 1"
+
+
 # ---- overlap of collectives (a traced FSDP graph) --------------------------------------------
 
 

@@ -16,7 +16,8 @@ pytestmark = [
 
 MODEL = dict(n_layer=2, seq=32)
 FIT = dict(gpus="2xcpu", seq=MODEL["seq"], n_layer=MODEL["n_layer"], tiny=True, executors="fused-sdpa",
-           dtype="float32", micro_batches=[1, 2, 4], collectives_in_flight=[1])
+           dtype="float32", micro_batches=[1, 2, 4], collectives_in_flight=[1],
+           strategies=["fsdp", "ddp"])  # thunder.jit's: the ones plan files cover
 
 
 @pytest.fixture(scope="module")
