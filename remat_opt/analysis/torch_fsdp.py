@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from costmodels.formulas import ITEMSIZE
-from remat_opt.analysis.training_step import CUDA_BLOCK_BYTES
+from remat_opt.analysis.training_step import CUDA_BLOCK_BYTES, OverlappedStep
 from remat_opt.core.graph import JointGraph
 from remat_opt.core.plan import derive
 from remat_opt.core.simulation import round_up_bytes, simulate_step
@@ -287,21 +287,7 @@ class Fsdp1StepTimes:
     root_reduce_scatter_s: float
 
 
-@dataclass(frozen=True)
-class StreamTime:
-    """A micro-step on two streams: when the later one finishes, and each stream's busy time."""
-
-    time_s: float
-    compute_s: float
-    communication_s: float
-
-    @property
-    def exposed_communication_s(self) -> float:
-        """Collective time compute waited for."""
-        return self.time_s - self.compute_s
-
-
-def fsdp1_micro_step_time(n_blocks: int, times: Fsdp1StepTimes) -> StreamTime:
+def fsdp1_micro_step_time(n_blocks: int, times: Fsdp1StepTimes) -> OverlappedStep:
     """One forward and backward under FSDP1 ``FULL_SHARD`` (one unit per block) on two streams.
 
     Derived from what FSDP1 issues (``torch/distributed/fsdp/_runtime_utils.py``), not fitted: the
@@ -340,4 +326,4 @@ def fsdp1_micro_step_time(n_blocks: int, times: Fsdp1StepTimes) -> StreamTime:
         gathered = prefetched
     collective(compute, times.root_reduce_scatter_s)
     compute_s = n_blocks * (times.block_forward_s + times.block_backward_s) + times.head_s
-    return StreamTime(max(compute, comm_end), compute_s, comm_s)
+    return OverlappedStep(max(compute, comm_end), compute_s, comm_s)

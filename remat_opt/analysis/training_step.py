@@ -213,7 +213,8 @@ def _recompute_time_s(graph: JointGraph, costs: CostModel, tag_targets) -> float
 
 @dataclass(frozen=True)
 class OverlappedStep:
-    """One jitted step on two streams: compute, and collectives beside it.
+    """One step on two streams: compute, and collectives beside it (a jitted step's,
+    `overlapped_step`, or an FSDP1 micro-step's, `torch_fsdp.fsdp1_micro_step_time`).
 
     Attributes:
         time_s: when the later stream finishes.
