@@ -439,7 +439,7 @@ def evaluate_configuration(request: ModelRequest, config: Configuration, gpus: G
     return replace(row, seconds=time.perf_counter() - start_s)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=8)
 def _torch_fsdp_case(request: ModelRequest, world_size: int, micro_batch: int, gpus: GPUs):
     """One block of the model traced through ThunderFX on meta, with FSDP1's units over `world_size`."""
     from remat_opt.analysis.thunder_1370 import case_of_config
@@ -453,7 +453,7 @@ def _torch_fsdp_case(request: ModelRequest, world_size: int, micro_batch: int, g
                           workspace_bytes=workspace, name=request.name)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=8)
 def _block_menu(request: ModelRequest, world_size: int, micro_batch: int, gpus: GPUs, time_limit_s: float):
     from remat_opt.analysis.thunder_1370 import block_menu
 

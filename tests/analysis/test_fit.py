@@ -194,6 +194,7 @@ CLI_TINY = ["Llama-2-7b-hf", "--tiny", "--n-layer", "1", "--seq", "32"]
     (["--gpus", "2xcpu"], "the memory of a cpu device is not known; give it with --memory-gb"),
     (["--gpus", "2xH100", "--collectives-in-flight", "one"], "'one' is neither a count of collectives nor"),
     (["--gpus", "2xH100", "--memory-margin", "1.5"], "--memory-margin must be in [0, 1)"),
+    (["--gpus", "2xH100", "--strategy", "fsdp,zero3"], "unknown strategy 'zero3'; use any of: fsdp, ddp, fsdp1"),
 ])
 def test_cli_bad_input_is_one_line(capsys, args, message):
     from remat_opt.cli.main import main
