@@ -137,6 +137,7 @@ def roomy():
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a direct trace at micro-batch 4 (~20 s): out of the README's test command
 def test_graphs_above_micro_batch_3_are_sized_from_2_and_3_exactly():
     from remat_opt.analysis.fit import ModelRequest, _graph
     from remat_opt.models.graphs import analyze_spec
