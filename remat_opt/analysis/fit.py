@@ -353,24 +353,29 @@ REBATCH_FROM = (2, 3)  # micro-batches traced for the others above them (`core.r
 def _graph(request: ModelRequest, config: Configuration):
     """One rank's joint graph of `config`: traced at micro-batches 1 to 3, above that sized from the
     graphs at 2 and 3 (`core.rebatch`), or traced where they differ in more than sizes."""
-    from remat_opt.analysis.whatif import DEFAULT_TRACED_LAYERS
     from remat_opt.core.rebatch import RebatchError, rebatch
+
+    if config.micro_batch <= max(REBATCH_FROM):
+        return _traced(request, config.micro_batch, config.parallel)
+    low, high = REBATCH_FROM
+    try:
+        return rebatch((low, _traced(request, low, config.parallel)), (high, _traced(request, high, config.parallel)),
+                       config.micro_batch)
+    except RebatchError as e:
+        graph = _traced(request, config.micro_batch, config.parallel)
+        return replace(graph, notes=(*graph.notes, f"traced at micro-batch {config.micro_batch}: {e}"))
+
+
+@functools.lru_cache(maxsize=4)
+def _traced(request: ModelRequest, micro_batch: int, parallel: DataParallel | None):
+    """The graph traced at `micro_batch` (`models.graphs.analyze_spec`), kept for the next few
+    configurations: the graphs at 2 and 3 size every larger micro-batch, and the plan file of the
+    chosen configuration needs its graph again."""
+    from remat_opt.analysis.whatif import DEFAULT_TRACED_LAYERS
     from remat_opt.models.graphs import analyze_spec
 
     traced = DEFAULT_TRACED_LAYERS if request.traced_layers is None else request.traced_layers
-
-    def traced_at(micro_batch: int):
-        return analyze_spec(request.spec(micro_batch), traced_layers=traced, executors=request.executors,
-                            parallel=config.parallel)
-
-    if config.micro_batch <= max(REBATCH_FROM):
-        return traced_at(config.micro_batch)
-    low, high = REBATCH_FROM
-    try:
-        return rebatch((low, traced_at(low)), (high, traced_at(high)), config.micro_batch)
-    except RebatchError as e:
-        graph = traced_at(config.micro_batch)
-        return replace(graph, notes=(*graph.notes, f"traced at micro-batch {config.micro_batch}: {e}"))
+    return analyze_spec(request.spec(micro_batch), traced_layers=traced, executors=request.executors, parallel=parallel)
 
 
 @functools.lru_cache(maxsize=8)
