@@ -25,6 +25,7 @@ from remat_opt.core.checker import check_plan
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers import SOLVERS, ILPOptions, solve_save_all
 from remat_opt.core.layers import find_repeated_blocks
+from remat_opt.solvers._clock import Clock
 from remat_opt.solvers.blocks import choose_ties
 from remat_opt.solvers.ilp_bounds import minimum_saved_bytes, peak_model_minimum
 from remat_opt.solvers.ilp_model import ILPModel
@@ -68,7 +69,7 @@ def budgets(problem: RecomputeProblem) -> dict[str, list[int]]:
     save_all = solve_save_all(problem)
     low_saved = minimum_saved_bytes(problem)
     ties = choose_ties(problem, None)
-    low_peak, _ = peak_model_minimum(problem, ILPModel(problem, ties, ILPOptions()), time.perf_counter() + 10)
+    low_peak, _ = peak_model_minimum(problem, ILPModel(problem, ties, ILPOptions()), Clock(10))
     between = lambda low, high: [int(low + f * (high - low)) for f in (0.25, 0.5, 0.75)]  # noqa: E731
     return {
         "activation_budget_bytes": between(low_saved, save_all.saved_bytes),

@@ -8,9 +8,11 @@ per rank). `in_flight_order` keeps at most `k` of them in flight beside the one 
 * forward: each all-gather's wait right before the first op that reads the weight; then the
   all-gathers, in the order of their waits: the j-th is issued right after the (j - k)-th wait (the
   first k stay where they are, at the start), or right before its own wait when k is 0 (no overlap);
-* backward: the reduce-scatters, in the order they are issued; the j-th one's wait moves to right
-  before the (j + k)-th is issued (the last k stay at the end), or right after its own issue when
-  k is 0.
+* backward: each reduce-scatter, with the op that divides its gradient by the world size, right
+  after the op that makes the gradient (Thunder appends them all after the backward's last compute,
+  so every unsharded gradient of the model waits at once: 143 GB per rank for Llama-3-70B on 8);
+  then, in the order they are issued, the j-th one's wait moves to right before the (j + k)-th is
+  issued (the last k stay at the end), or right after its own issue when k is 0.
 
 The same function orders a trace's bound symbols (`remat_opt.distributed.regather_order`, which CostRemat runs
 as a post-optimization pass and in its dry runs) and a joint graph's ops (`reorder_graph`: a graph
@@ -73,6 +75,33 @@ def _waits_before_first_use(items: Sequence[Item], at: _Accessors) -> dict[int, 
     return moves
 
 
+def _scatters_after_their_gradients(items: Sequence[Item], at: _Accessors) -> dict[int, tuple[int, bool]]:
+    """Each reduce-scatter, with the op before it that only it reads (FSDP's division by the world
+    size), right after the op that makes the last of their inputs (Thunder appends them all after
+    the backward's last compute, where every unsharded gradient is alive at once)."""
+    position = {id(item): i for i, item in enumerate(items)}
+    producer = {name: item for item in items for name in at.outputs(item)}
+    readers: dict[str, int] = {}
+    for item in items:
+        for name in at.inputs(item):
+            readers[name] = readers.get(name, 0) + 1
+    moves: dict[int, tuple[int, bool]] = {}
+    for scatter, _ in async_pairs(items, REDUCE_SCATTER, at.symbol, at.inputs, at.outputs):
+        group = [producer[name] for name in at.inputs(scatter) if name in producer
+                 and at.symbol(producer[name]) not in (WAIT, REDUCE_SCATTER, ALL_GATHER)
+                 and all(readers.get(out, 0) == 1 for out in at.outputs(producer[name]))]
+        group = sorted({id(item): item for item in (*group, scatter)}.values(), key=lambda item: position[id(item)])
+        made = {name for item in group for name in at.outputs(item)}
+        anchors = [producer[name] for item in group for name in at.inputs(item) if name in producer and name not in made]
+        if not anchors:
+            continue
+        anchor = max(anchors, key=lambda item: position[id(item)])
+        if id(anchor) in moves:
+            continue  # after an op that moves itself (no FSDP backward has one)
+        moves.update({id(item): (id(anchor), True) for item in group})
+    return moves
+
+
 def _moves(items: Sequence[Item], k: int, backward: bool, at: _Accessors) -> dict[int, tuple[int, bool]]:
     """id(item to move) -> (id of the item it goes beside, whether after it); forward: the items
     already in the order `_waits_before_first_use` gives."""
@@ -119,7 +148,8 @@ def in_flight_order(items: Sequence[Item], in_flight: int, *, backward: bool, sy
     read an item's symbol name and the names of the tensors (futures included) it reads and writes."""
     at = _Accessors(symbol, inputs, outputs)
     check_in_flight(in_flight)
-    ordered = list(items) if backward else _apply(items, _waits_before_first_use(items, at))
+    first = _scatters_after_their_gradients if backward else _waits_before_first_use
+    ordered = _apply(items, first(items, at))
     moves = _moves(ordered, in_flight, backward, at)
     if not moves and all(a is b for a, b in zip(ordered, items)):
         return None

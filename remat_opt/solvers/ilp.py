@@ -16,6 +16,7 @@ from remat_opt.core.plan import RematPlan
 
 from remat_opt.core.simulation import simulate_peak_bytes
 from remat_opt.core.problem import RecomputeProblem
+from remat_opt.solvers._clock import Clock
 from remat_opt.solvers._common import Budgets, checked
 from remat_opt.solvers.blocks import Ties, choose_ties
 from remat_opt.solvers.ilp_bounds import infeasible_error, minimum_peak, tag_targets
@@ -50,12 +51,12 @@ def _fallback(problem: RecomputeProblem, budgets: Budgets, outcome: Outcome, opt
     return Outcome(min(fits)[1], "fallback", notes=(*outcome.notes, note))
 
 
-def _tiebreak(form: ILPModel, outcome: Outcome, budgets: Budgets, deadline: float) -> tuple[str, ...]:
+def _tiebreak(form: ILPModel, outcome: Outcome, budgets: Budgets, clock: Clock) -> tuple[str, ...]:
     """Among plans with the optimal time, one with least saved bytes (kept only if it still fits)."""
     best_time = int(round(outcome.objective))
     form.cp.add(form.time_expr() <= best_time)
     form.cp.minimize(form.saved_bytes_expr(form.byte_gcd))
-    solution = form.solve(min(deadline, time.perf_counter() + form.options.time_limit_s / 5))
+    solution = form.solve(clock.child(form.options.time_limit_s / 5))
     if solution.status not in ("OPTIMAL", "FEASIBLE") or solution.units == outcome.units:
         return outcome.units
     problem = form.problem
@@ -90,13 +91,13 @@ def solve_ilp(
         TimeoutError: the time limit passed before any plan within budget was found.
     """
     start = time.perf_counter()
-    deadline = start + options.time_limit_s
+    clock = options.clock()
     budgets = Budgets(activation_budget_bytes, peak_budget_bytes)
     ties = choose_ties(problem, options.tie_blocks, options.min_tied_blocks)
-    outcome, form = solve_model(problem, ties, options, budgets, deadline)
-    if outcome.units is None and outcome.status != "infeasible" and ties.tied and time.perf_counter() < deadline:
+    outcome, form = solve_model(problem, ties, options, budgets, clock)
+    if outcome.units is None and outcome.status != "infeasible" and ties.tied and not clock.expired():
         # No block-uniform plan fit the simulated peak: search the whole graph exactly in the time left.
-        untied, untied_form = solve_model(problem, Ties(), options, budgets, deadline)
+        untied, untied_form = solve_model(problem, Ties(), options, budgets, clock)
         if untied.units is not None or untied.status == "infeasible":
             note = "no block-uniform plan fits the simulated peak: solved without tying blocks"
             outcome, form, ties = replace(untied, notes=(*outcome.notes, note)), untied_form, Ties()
@@ -106,7 +107,7 @@ def solve_ilp(
         outcome = _fallback(problem, budgets, outcome, options, ties)
     units = outcome.units
     if options.tiebreak_saved_bytes and outcome.status == "optimal":
-        units = _tiebreak(form, outcome, budgets, deadline)
+        units = _tiebreak(form, outcome, budgets, clock)
     notes = list(outcome.notes)
     if ties.tied:
         blocks = ties.blocks

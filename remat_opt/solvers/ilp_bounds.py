@@ -3,13 +3,13 @@ peak with a proven lower bound, and the `InfeasibleBudgetError` that names them.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from remat_opt.core.simulation import simulate_peak_bytes
 from remat_opt.core.problem import RecomputeProblem
+from remat_opt.solvers._clock import Clock
 from remat_opt.solvers._common import Budgets, InfeasibleBudgetError
 from remat_opt.solvers.blocks import choose_ties
 from remat_opt.solvers.ilp_model import ILPModel, ILPOptions
@@ -25,13 +25,13 @@ def minimum_saved_bytes(problem: RecomputeProblem, options: ILPOptions = ILPOpti
     """
     form = ILPModel(problem, choose_ties(problem, options.tie_blocks, options.min_tied_blocks), options)
     form.cp.minimize(form.saved_bytes_expr())
-    solution = form.solve(time.perf_counter() + options.time_limit_s)
+    solution = form.solve(options.clock())
     if solution.status not in ("OPTIMAL", "FEASIBLE"):
         return problem.saved_bytes(problem.allowed_units)
     return int(round(solution.objective))
 
 
-def peak_model_minimum(problem: RecomputeProblem, form: ILPModel, deadline: float) -> tuple[int, list]:
+def peak_model_minimum(problem: RecomputeProblem, form: ILPModel, clock: Clock) -> tuple[int, list]:
     """``(bound, plans)``: the least peak-model maximum (rows added lazily), a lower bound on the
     simulated peak, and the units of the plans the solver went through."""
     model = form.peak_model
@@ -41,7 +41,7 @@ def peak_model_minimum(problem: RecomputeProblem, form: ILPModel, deadline: floa
     form.cp.minimize(peak)
     lower, candidates = 0, []
     for _ in range(form.options.max_refinements):
-        solution = form.solve(deadline)
+        solution = form.solve(clock)
         if solution.status not in ("OPTIMAL", "FEASIBLE"):
             break
         candidates.append(solution.units)
@@ -69,17 +69,17 @@ def minimum_peak(problem: RecomputeProblem, options: ILPOptions = ILPOptions()) 
     then bisection on the peak budget with the ILP as the feasibility oracle, until the two meet
     or the time limit passes.
     """
-    deadline = time.perf_counter() + options.time_limit_s
+    clock = options.clock()
     ties = choose_ties(problem, options.tie_blocks, options.min_tied_blocks)
-    lower, candidates = peak_model_minimum(problem, ILPModel(problem, ties, options), deadline)
+    lower, candidates = peak_model_minimum(problem, ILPModel(problem, ties, options), clock)
     candidates += [(), problem.allowed_units, *(units for _, units in mincut_sweep(problem, 8, ties))]
     best, best_units = min(
         (simulate_peak_bytes(problem.graph, tag_targets(problem, units)), tuple(units)) for units in candidates
     )
     floor = lower
-    while floor < best and time.perf_counter() < deadline:
+    while floor < best and not clock.expired():
         middle = (floor + best) // 2
-        outcome, _ = solve_model(problem, ties, options, Budgets(None, middle), deadline)
+        outcome, _ = solve_model(problem, ties, options, Budgets(None, middle), clock)
         if outcome.units is not None:
             peak = simulate_peak_bytes(problem.graph, tag_targets(problem, outcome.units))
             best, best_units = min((best, best_units), (peak, tuple(outcome.units)))

@@ -39,13 +39,13 @@ variables. With repeated blocks, tied names share one variable (see `solvers.blo
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
 from remat_opt.core.problem import RecomputeProblem
+from remat_opt.solvers._clock import Clock
 from remat_opt.solvers.blocks import Ties
 from remat_opt.solvers.peak_model import peak_model_of
 
@@ -65,12 +65,23 @@ _VAR_PREFIX = {
 }
 
 
+# What a deterministic clock charges per variable for each solve besides CP-SAT's own deterministic
+# time: building the solver, reading the solution back and simulating the plan, work CP-SAT does
+# not count. 200 refinements of the 1,487-variable model of the tiny FSDP graph (2 ranks, one
+# collective in flight) took 15.6 s of wall time and 2.7 s of CP-SAT's deterministic time on this
+# project's 2-core machine (2026-12-07): 43 us per variable per solve.
+SOLVE_CHARGE_S_PER_VAR = 4e-5
+
+
 @dataclass(frozen=True, slots=True)
 class ILPOptions:
     """Options of `solve_ilp`.
 
     Attributes:
-        time_limit_s: wall-clock limit for everything (all refinement rounds).
+        time_limit_s: limit for everything (all refinement rounds): CP-SAT's deterministic seconds
+            (about seconds of one core's work), or wall seconds with `deterministic` False.
+        deterministic: limits in deterministic time (`solvers._clock`): one graph, one plan on a
+            loaded machine too (a wall-clock limit cuts a search short there and answers otherwise).
         num_workers: CP-SAT search workers; None: 1 for small models, 8 otherwise (CP-SAT's
             portfolio of 8 subsolvers proves optimality far faster than 2, even on 2 cores).
         time_quantum_s: resolution of op times in the objective.
@@ -98,6 +109,11 @@ class ILPOptions:
     peak_tolerance: float = 2e-3
     tiebreak_saved_bytes: bool = True
     random_seed: int = 0
+    deterministic: bool = True
+
+    def clock(self) -> Clock:
+        """A fresh `Clock` of `time_limit_s`."""
+        return Clock(self.time_limit_s, self.deterministic)
 
 
 def _tagged_key(problem: RecomputeProblem, op: str) -> Key | None:
@@ -260,17 +276,18 @@ class ILPModel:
         flips = [1 - v if solution.values[k] else v for k, v in self.vars.items() if k[0] == "d"]
         self.cp.add(sum(flips) >= 1)
 
-    def solve(self, deadline: float, hint: Solution | None = None) -> Solution:
+    def solve(self, clock: Clock, hint: Solution | None = None) -> Solution:
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(0.01, deadline - time.perf_counter())
         workers = self.options.num_workers
         solver.parameters.num_workers = workers or (1 if len(self.vars) < 200 else 8)
         solver.parameters.random_seed = self.options.random_seed
+        clock.limit_cp_sat(solver.parameters)
         self.cp.clear_hints()
         if hint is not None and hint.values:
             for key, var in self.vars.items():
                 self.cp.add_hint(var, hint.values.get(key, 0))
         status = solver.status_name(solver.solve(self.cp))
+        clock.charge(solver.deterministic_time + SOLVE_CHARGE_S_PER_VAR * len(self.vars))
         if status not in ("OPTIMAL", "FEASIBLE"):
             return Solution(status)
         values = {k: solver.value(v) for k, v in self.vars.items()}

@@ -16,6 +16,7 @@ import numpy as np
 
 from remat_opt.core.simulation import simulate_step
 from remat_opt.core.problem import RecomputeProblem
+from remat_opt.solvers._clock import Clock
 from remat_opt.solvers._common import Budgets
 from remat_opt.solvers.blocks import Ties
 from remat_opt.solvers.ilp_model import ILPModel, ILPOptions
@@ -82,7 +83,7 @@ def build_model(problem, ties: Ties, options: ILPOptions, activation_budget_byte
     return form
 
 
-def refine(form: ILPModel, peak_budget_bytes, model_peak_bytes, deadline: float, exact: bool) -> Outcome:
+def refine(form: ILPModel, peak_budget_bytes, model_peak_bytes, clock: Clock, exact: bool) -> Outcome:
     """Solves, adding violated peak rows until the simulated plan fits `peak_budget_bytes`.
 
     Rows use `model_peak_bytes`. A plan meeting every saved-only row but not the simulation gets,
@@ -90,7 +91,9 @@ def refine(form: ILPModel, peak_budget_bytes, model_peak_bytes, deadline: float,
     """
     problem, hint, notes = form.problem, None, []
     for _ in range(form.options.max_refinements + 1):
-        solution = form.solve(deadline, hint)
+        if clock.expired():
+            return Outcome(None, "timeout", notes=tuple(notes))
+        solution = form.solve(clock, hint)
         if solution.status == "INFEASIBLE":
             return Outcome(None, "infeasible", notes=tuple(notes))
         if solution.status not in ("OPTIMAL", "FEASIBLE"):
@@ -120,14 +123,14 @@ def refine(form: ILPModel, peak_budget_bytes, model_peak_bytes, deadline: float,
     return Outcome(None, "timeout", notes=(*notes, "refinement limit reached"))
 
 
-def solve_model(problem, ties: Ties, options: ILPOptions, budgets: Budgets, deadline: float):
+def solve_model(problem, ties: Ties, options: ILPOptions, budgets: Budgets, clock: Clock):
     """``(outcome, formulation)``: exact lazy refinement (small models), or a search over the
     model's peak budget: lowered by the simulated overshoot until a plan fits, then bisected
     between the best fitting and the last overshooting value (`max_shrinks` solves in all); the
     gap is measured against the first relaxation's bound."""
     exact = options.exact_peak if options.exact_peak is not None else not ties.tied
     form = build_model(problem, ties, options, budgets.activation_bytes, budgets.peak_bytes)
-    first = refine(form, budgets.peak_bytes, budgets.peak_bytes, deadline, exact)
+    first = refine(form, budgets.peak_bytes, budgets.peak_bytes, clock, exact)
     if first.status != "overshoot":
         return first, form
     high, low, floor, best = budgets.peak_bytes, None, None, None
@@ -135,7 +138,7 @@ def solve_model(problem, ties: Ties, options: ILPOptions, budgets: Budgets, dead
     model_peak = high - step
     for _ in range(options.max_shrinks):
         trial = build_model(problem, ties, options, budgets.activation_bytes, model_peak)
-        outcome = refine(trial, budgets.peak_bytes, model_peak, deadline, exact=False)
+        outcome = refine(trial, budgets.peak_bytes, model_peak, clock, exact=False)
         if outcome.status == "overshoot":
             # The solver fills any model budget to its edge, so equal steps can overshoot forever:
             # double the step until a plan fits (or the model turns infeasible), then bisect.

@@ -43,6 +43,7 @@ from remat_opt.core.layers import LayerError, op_signature_codes
 from remat_opt.core.plan import RematPlan, derive
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.core.simulation import simulate_step
+from remat_opt.solvers._clock import Clock
 from remat_opt.solvers._common import Budgets, Evaluated, InfeasibleBudgetError, checked, evaluate_units
 from remat_opt.solvers.baselines import forward_layers, inside_units_by_layer
 from remat_opt.solvers.blocks import Ties, choose_ties
@@ -68,6 +69,8 @@ class LayeredOptions:
         bound_time_limit_s: CP-SAT limit for the lower bound (0: no bound, `gap` None).
         time_quantum_s: resolution of op times in CP-SAT.
         num_workers: CP-SAT workers for the bound (the menus use 1).
+        deterministic: CP-SAT's limits in deterministic time (`solvers._clock`): the same plan on a
+            loaded machine.
         gap_tolerance: CP-SAT (bound and polisher) is skipped when the LP and knapsack bounds already
             certify the plan within this relative gap (as a MIP solver's relative gap tolerance).
         cp_sat_max_units: CP-SAT (bound and polisher) runs on graphs with fewer recomputable units
@@ -87,6 +90,7 @@ class LayeredOptions:
     num_workers: int = 8
     gap_tolerance: float = 0.01
     cp_sat_max_units: int = 2000
+    deterministic: bool = True
 
 
 # --------------------------------------------------------------------------------------------
@@ -173,7 +177,7 @@ def decomposition_of(problem: RecomputeProblem, options: LayeredOptions = Layere
     Raises:
         LayerError: the graph has no repeated layers.
     """
-    key = (options.max_menu_entries, options.menu_time_limit_s, options.time_quantum_s)
+    key = (options.max_menu_entries, options.menu_time_limit_s, options.time_quantum_s, options.deterministic)
     cached = _DECOMPOSITIONS.get(problem, {})
     if key not in cached:
         cached[key] = _decompose(problem, options)
@@ -213,7 +217,8 @@ def _menu(problem: RecomputeProblem, layer_class: LayerClass, options: LayeredOp
         return replace(layer_class, menu=((),), menu_time_s=(0.0,), menu_reruns=((),))
     others = set(problem.allowed_units) - set(own)
     restricted = RecomputeProblem.from_graph(problem.graph, problem.op_time_s, pinned=problem.pinned | others)
-    ilp_options = ILPOptions(time_quantum_s=options.time_quantum_s, num_workers=1, time_limit_s=options.menu_time_limit_s)
+    ilp_options = ILPOptions(time_quantum_s=options.time_quantum_s, num_workers=1, time_limit_s=options.menu_time_limit_s,
+                             deterministic=options.deterministic)
     form = ILPModel(restricted, Ties(), ilp_options)
     saved_weight = form.saved_bytes_expr(form.byte_gcd)
     scale = sum(w // form.byte_gcd for w in form.byte_weights.values()) + 1
@@ -256,7 +261,7 @@ def _menu_point(form: ILPModel, restricted: RecomputeProblem, cap_bytes: int, op
     """The least-time (then least-saved) plan saving at most `cap_bytes`, or None. Caps must fall
     from call to call: each adds a row implying the ones before."""
     form.add_saved_budget(cap_bytes)
-    solution = form.solve(time.perf_counter() + options.menu_time_limit_s)
+    solution = form.solve(Clock(options.menu_time_limit_s, options.deterministic))
     if solution.status not in ("OPTIMAL", "FEASIBLE"):
         return None
     return restricted.effective_units(solution.units)
@@ -518,7 +523,7 @@ def solve_layered(
         bound = TimeBound(0.0, True, source="nothing recomputed")
     else:
         bound = lower_bound(problem, budgets, time_limit_s=options.bound_time_limit_s,
-                            cp_sat=len(problem.allowed_units) < options.cp_sat_max_units,
+                            cp_sat=len(problem.allowed_units) < options.cp_sat_max_units, deterministic=options.deterministic,
                             time_quantum_s=options.time_quantum_s, num_workers=options.num_workers,
                             hint_units=best[1].units if best else None,
                             incumbent_s=best[1].extra_time_s if best else None, gap_tolerance=options.gap_tolerance)
@@ -557,7 +562,7 @@ def _infeasible(problem: RecomputeProblem, budgets: Budgets, options: LayeredOpt
     """The error naming the least budget a plan was found for, and a proven lower bound."""
     if budgets.activation_bytes is not None:
         ilp_options = ILPOptions(time_limit_s=max(options.bound_time_limit_s, 1.0), tie_blocks=False,
-                                 time_quantum_s=options.time_quantum_s)
+                                 time_quantum_s=options.time_quantum_s, deterministic=options.deterministic)
         least_saved = minimum_saved_bytes(problem, ilp_options)
         if budgets.activation_bytes < least_saved:
             return InfeasibleBudgetError("activation_budget_bytes", budgets.activation_bytes, least_saved, None, "layered")

@@ -23,12 +23,12 @@ simulated live bytes at every event, so every fitting plan meets its rows):
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from remat_opt.core.problem import RecomputeProblem
+from remat_opt.solvers._clock import Clock
 from remat_opt.solvers._common import Budgets
 from remat_opt.solvers.blocks import Ties
 from remat_opt.solvers.ilp_model import ILPModel, ILPOptions
@@ -57,20 +57,21 @@ class TimeBound:
 
 def lower_bound(problem: RecomputeProblem, budgets: Budgets, *, time_limit_s: float, time_quantum_s: float = 1e-8,
                 num_workers: int = 8, hint_units: tuple[str, ...] | None = None, incumbent_s: float | None = None,
-                gap_tolerance: float = 0.0, cp_sat: bool = True) -> TimeBound:
+                gap_tolerance: float = 0.0, cp_sat: bool = True, deterministic: bool = True) -> TimeBound:
     """Least time of the untied CP-SAT model under the peak model's rows (a relaxation of the
     simulated peak), within `time_limit_s`: its proven bound, or `relaxation_bound` when larger, is
     a lower bound on every plan's time under `budgets` (None: the budgets are proven infeasible).
     CP-SAT is not run when `relaxation_bound` already puts `incumbent_s` (a fitting plan's time)
-    within `gap_tolerance` of the optimum, nor with `cp_sat` False (the relaxations alone)."""
-    deadline = time.perf_counter() + time_limit_s
+    within `gap_tolerance` of the optimum, nor with `cp_sat` False (the relaxations alone).
+    `deterministic`: CP-SAT's limit in deterministic time (`solvers._clock`)."""
     relaxed_s, source = relaxation_bound(problem, budgets, time_limit_s=time_limit_s / 2)
     if relaxed_s is None:
         return TimeBound(None)
     close = incumbent_s is not None and incumbent_s - relaxed_s <= gap_tolerance * incumbent_s
     if time_limit_s <= 0 or close or not cp_sat:
         return TimeBound(relaxed_s, source=source)
-    ilp_options = ILPOptions(time_quantum_s=time_quantum_s, num_workers=num_workers)
+    clock = Clock(time_limit_s, deterministic)
+    ilp_options = ILPOptions(time_quantum_s=time_quantum_s, num_workers=num_workers, deterministic=deterministic)
     form = ILPModel(problem, Ties(), ilp_options)
     if budgets.activation_bytes is not None:
         form.add_saved_budget(budgets.activation_bytes)
@@ -90,9 +91,9 @@ def lower_bound(problem: RecomputeProblem, budgets: Budgets, *, time_limit_s: fl
                   for o in problem.rerunnable_ops)
     best_bound, candidates, hint = relaxed_s, [], None
     cp_sat = "the CP-SAT relaxation"
-    while time.perf_counter() < deadline:
+    while not clock.expired():
         # Half the time left per solve: a plan that breaks a row then still leaves time to add it.
-        solution = form.solve(min(deadline, time.perf_counter() + max(0.5, (deadline - time.perf_counter()) / 2)), hint)
+        solution = form.solve(clock.child(max(0.5, clock.remaining_s() / 2)), hint)
         if solution.status == "INFEASIBLE":
             return TimeBound(None)
         if solution.status not in ("OPTIMAL", "FEASIBLE"):

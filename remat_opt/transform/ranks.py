@@ -2,9 +2,9 @@
 
 Every rank plans its own compilation. The plans must be the same on every rank: a re-gathered
 weight is an all-gather every rank has to join, so a plan that re-gathers on one rank only hangs
-the others. Solvers are deterministic for one graph, but a measured cost table (``cost_table=
-"auto"``) differs from rank to rank, and ties between equally good plans may break differently. So
-after planning, rank 0's tag targets are broadcast and used by all ranks.
+the others. Solvers are deterministic for one graph (their limits count work, not wall time:
+`remat_opt.solvers._clock`), but a measured cost table (``cost_table="auto"``) differs from rank to
+rank. So after planning, rank 0's tag targets are broadcast and used by all ranks.
 """
 
 from __future__ import annotations

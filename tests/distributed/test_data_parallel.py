@@ -146,6 +146,30 @@ def test_in_thunders_order_every_unsharded_gradient_awaits_its_reduce_scatter_at
     assert gradients_awaiting_scatter_bytes(fsdp_4_ranks, len(backward) - 1) == 0
 
 
+@pytest.mark.parametrize("in_flight", [0, 1])
+def test_with_collectives_in_flight_each_reduce_scatter_follows_its_gradient(fsdp_4_ranks, in_flight):
+    from remat_opt.distributed.collective_order import (REDUCE_SCATTER, WAIT, gradients_awaiting_scatter_bytes,
+                                                        reorder_graph)
+
+    limited = reorder_graph(fsdp_4_ranks, in_flight)
+    backward = limited.backward_ops
+    made_at = {name: j for j, op in enumerate(backward) for name in op.outputs}
+    scatters = [j for j, op in enumerate(backward) if op.symbol == REDUCE_SCATTER]
+    assert len(scatters) == sum(op.symbol == REDUCE_SCATTER for op in fsdp_4_ranks.backward_ops) > 2
+    divisions = {made_at[backward[j].inputs[0]] for j in scatters}  # FSDP's division by the world size
+    for j in scatters:
+        division = made_at[backward[j].inputs[0]]
+        gradient_made = max(made_at[name] for name in backward[division].inputs if name in made_at)
+        # nothing but divisions, scatters and waits between a gradient and its scatter
+        between = range(gradient_made + 1, j)
+        assert all(i in divisions or backward[i].symbol in (REDUCE_SCATTER, WAIT) for i in between), \
+            [backward[i].symbol for i in between]
+    # so the unsharded gradients no longer all wait at once, as in Thunder's order
+    thunders = max(gradients_awaiting_scatter_bytes(fsdp_4_ranks, j) for j in range(len(fsdp_4_ranks.backward_ops)))
+    most = max(gradients_awaiting_scatter_bytes(limited, j) for j in range(len(backward)))
+    assert most < thunders / 2, (most, thunders)
+
+
 def test_in_thunders_order_every_unsharded_weight_is_alive_from_the_forwards_start(fsdp_4_ranks):
     from remat_opt.distributed.collective_order import ALL_GATHER, WAIT, gathered_weights_alive_bytes
     from remat_opt.models.by_name import ModelSpec, build_model

@@ -1,0 +1,87 @@
+"""Deterministic solver limits (`remat_opt.solvers._clock`): one graph, one answer on a loaded machine."""
+
+import threading
+import time
+
+from ortools.sat.python import cp_model
+
+from remat_opt.core.problem import RecomputeProblem
+from remat_opt.solvers._clock import WALL_SAFETY, Clock
+from remat_opt.solvers.ilp_bounds import minimum_peak
+from remat_opt.solvers.ilp_model import ILPModel, ILPOptions
+from synthetic import proxy_op_time_s, stacked_blocks_graph
+
+
+def test_a_deterministic_clock_counts_work_not_wall_time():
+    clock = Clock(1.0)
+    time.sleep(0.05)
+    assert clock.remaining_s() == 1.0
+    child = clock.child(0.5)
+    child.charge(0.3)
+    assert (child.remaining_s(), clock.remaining_s()) == (0.2, 0.7)
+    child.charge(0.3)
+    assert child.expired() and not clock.expired()
+    assert clock.child(5.0).remaining_s() == 0.4  # a child stays within its parent
+
+
+def test_a_wall_clock_expires_with_time_and_ignores_charges():
+    clock = Clock(0.05, deterministic=False)
+    clock.charge(10.0)
+    assert not clock.expired()
+    time.sleep(0.06)
+    assert clock.expired()
+
+
+def test_cp_sat_gets_deterministic_limits_and_interleaved_workers():
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 8
+    Clock(2.0).limit_cp_sat(solver.parameters)
+    assert solver.parameters.max_deterministic_time == 2.0
+    assert 2.0 * WALL_SAFETY - 1 < solver.parameters.max_time_in_seconds <= 2.0 * WALL_SAFETY
+    assert solver.parameters.interleave_search  # the portfolio in fixed batches: no race between workers
+    wall = cp_model.CpSolver()
+    Clock(2.0, deterministic=False).limit_cp_sat(wall.parameters)
+    assert 1.9 < wall.parameters.max_time_in_seconds <= 2.0 and not wall.parameters.interleave_search
+
+
+def _spin(stop: threading.Event) -> None:
+    while not stop.is_set():
+        sum(range(1000))
+
+
+def _least_peak_and_solves(problem: RecomputeProblem, options: ILPOptions, monkeypatch, spinning_threads: int):
+    """`minimum_peak` and every CP-SAT solution it went through, with Python threads spinning beside
+    it (they take the GIL from the solver's loop, as a loaded machine takes cores)."""
+    solves = []
+    solve = ILPModel.__dict__["solve"]
+
+    def recorded(form, clock, hint=None):
+        solution = solve(form, clock, hint)
+        solves.append((solution.status, solution.units))
+        return solution
+
+    monkeypatch.setattr(ILPModel, "solve", recorded)
+    stop = threading.Event()
+    spinners = [threading.Thread(target=_spin, args=(stop,)) for _ in range(spinning_threads)]
+    for thread in spinners:
+        thread.start()
+    try:
+        return minimum_peak(problem, options), solves
+    finally:
+        stop.set()
+        for thread in spinners:
+            thread.join()
+
+
+def test_the_least_peak_search_is_the_same_when_the_machine_is_loaded(monkeypatch):
+    # A search its limit cuts short. With a wall-clock limit (deterministic=False) the loaded run
+    # made 1 solve where the quiet one made 4 (2026-12-07); with the deterministic limit both go
+    # through the same solutions.
+    graph = stacked_blocks_graph(12)
+    problem = RecomputeProblem.from_graph(graph, proxy_op_time_s(graph))
+    options = ILPOptions(time_limit_s=0.3, tie_blocks=False)
+    quiet, quiet_solves = _least_peak_and_solves(problem, options, monkeypatch, 0)
+    assert quiet.lower_bytes < quiet.best_bytes  # cut short: the answer is the search's, not the optimum
+    monkeypatch.undo()
+    loaded, loaded_solves = _least_peak_and_solves(problem, options, monkeypatch, 3)
+    assert (loaded, loaded_solves) == (quiet, quiet_solves)
