@@ -3,7 +3,7 @@ peak with a proven lower bound, and the `InfeasibleBudgetError` that names them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -63,12 +63,14 @@ class PeakMinimum:
 
 
 def minimum_peak(problem: RecomputeProblem, options: ILPOptions = ILPOptions()) -> PeakMinimum:
-    """The least simulated peak found within the time limit, with a lower bound and its plan's units.
+    """The least simulated peak found within the time limit (deterministic: `solvers._clock`), with a
+    lower bound and its plan's units.
 
     A lower bound from the peak model; the best of its plan, the baselines and a min-cut sweep;
     then bisection on the peak budget with the ILP as the feasibility oracle, until the two meet
     or the time limit passes.
     """
+    options = replace(options, deterministic=True)  # the same minimum on every rank and every rerun
     clock = options.clock()
     ties = choose_ties(problem, options.tie_blocks, options.min_tied_blocks)
     lower, candidates = peak_model_minimum(problem, ILPModel(problem, ties, options), clock)

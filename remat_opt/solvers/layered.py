@@ -69,8 +69,9 @@ class LayeredOptions:
         bound_time_limit_s: CP-SAT limit for the lower bound (0: no bound, `gap` None).
         time_quantum_s: resolution of op times in CP-SAT.
         num_workers: CP-SAT workers for the bound (the menus use 1).
-        deterministic: CP-SAT's limits in deterministic time (`solvers._clock`): the same plan on a
-            loaded machine.
+        deterministic: the menus' CP-SAT limits in deterministic time (`solvers._clock`; they use
+            one worker anyway): the same menus, so the same chain, on a loaded machine. The bound's
+            CP-SAT keeps its wall-clock limit and 8 workers.
         gap_tolerance: CP-SAT (bound and polisher) is skipped when the LP and knapsack bounds already
             certify the plan within this relative gap (as a MIP solver's relative gap tolerance).
         cp_sat_max_units: CP-SAT (bound and polisher) runs on graphs with fewer recomputable units
@@ -523,7 +524,7 @@ def solve_layered(
         bound = TimeBound(0.0, True, source="nothing recomputed")
     else:
         bound = lower_bound(problem, budgets, time_limit_s=options.bound_time_limit_s,
-                            cp_sat=len(problem.allowed_units) < options.cp_sat_max_units, deterministic=options.deterministic,
+                            cp_sat=len(problem.allowed_units) < options.cp_sat_max_units,
                             time_quantum_s=options.time_quantum_s, num_workers=options.num_workers,
                             hint_units=best[1].units if best else None,
                             incumbent_s=best[1].extra_time_s if best else None, gap_tolerance=options.gap_tolerance)

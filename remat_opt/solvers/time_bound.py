@@ -57,7 +57,7 @@ class TimeBound:
 
 def lower_bound(problem: RecomputeProblem, budgets: Budgets, *, time_limit_s: float, time_quantum_s: float = 1e-8,
                 num_workers: int = 8, hint_units: tuple[str, ...] | None = None, incumbent_s: float | None = None,
-                gap_tolerance: float = 0.0, cp_sat: bool = True, deterministic: bool = True) -> TimeBound:
+                gap_tolerance: float = 0.0, cp_sat: bool = True, deterministic: bool = False) -> TimeBound:
     """Least time of the untied CP-SAT model under the peak model's rows (a relaxation of the
     simulated peak), within `time_limit_s`: its proven bound, or `relaxation_bound` when larger, is
     a lower bound on every plan's time under `budgets` (None: the budgets are proven infeasible).
