@@ -525,7 +525,7 @@ def _floor_cause(problem) -> str:
     if waiting < const[event] / 2:
         return ""
     return (f", {gb(waiting)} GB of it unsharded gradients waiting for their reduce-scatters, which Thunder's FSDP "
-            "issues after the backward's last compute")
+            "issues after the backward's last compute (collectives_in_flight issues each after its gradient)")
 
 
 def _solve(costed, budget_bytes: int, time_limit_s: float) -> RematPlan:
