@@ -304,8 +304,8 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-other-device", action="store_true",
                         help="use a --cost-table measured on another device or library versions (with a warning)")
     parser.add_argument("--time-limit-s", type=_finite_float(positive=True), default=10.0,
-                        help="solver time limit per budget, in CP-SAT's deterministic seconds (1-3 wall seconds each on a 2-core machine): "
-                             "the same graph gets the same plan on a loaded machine")
+                        help="solver time limit per budget (wall seconds; the least peak an infeasible budget's error "
+                             "names is searched for this long in CP-SAT's deterministic time, the same on every machine)")
 
 
 def _cost_request_kwargs(args: argparse.Namespace) -> dict:
@@ -628,7 +628,7 @@ def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--traced-layers", type=int, default=None,
                         help="layers traced before extending to full depth (default 4; 0: all)")
     parser.add_argument("--time-limit-s", type=_finite_float(positive=True), default=10.0,
-                        help="the solver's time limit per plan, in CP-SAT's deterministic seconds")
+                        help="the solver's time limit per plan (wall seconds)")
     parser.add_argument("--out", default=None, metavar="JSON",
                         help="write the fastest fitting configuration's plan here, for CostRemat(plan=...)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")

@@ -97,11 +97,12 @@ class CostRemat(Transform):
         device_spec: spec sheet to cost for (``"H100"``, ``"H200"``, ``"A100-80GB"``, ``"L40S"``,
             ``"cpu"``); default: the table's device, else the trace's device (a CPU trace: the
             nominal CPU; a CUDA trace: the sheet of that GPU, found by its name).
-        time_limit_s: solver time limit per compilation, in CP-SAT's deterministic seconds (work,
-            not wall time: every rank and every rerun gets the same plan; 1-3 wall seconds each
-            on a 2-core machine).
+        time_limit_s: solver time limit per compilation, in wall seconds. The least step peak an
+            infeasible budget's error names is searched for as long in CP-SAT's deterministic time
+            (`remat_opt.solvers._clock`), so every rank names the same one.
         collectives_in_flight: under Thunder's FSDP, at most this many all-gathers (forward) and
-            reduce-scatters (backward) in flight beside the one in use (0: no overlap). None (the
+            reduce-scatters (backward) in flight beside the one in use (0: no overlap), each
+            reduce-scatter issued right after the op that makes its gradient. None (the
             default) keeps Thunder's order, which issues every all-gather at the forward's start
             and waits for every reduce-scatter at the backward's end: every unsharded weight, then
             every unsharded gradient, is alive at once, a floor no plan goes below. The plan is
