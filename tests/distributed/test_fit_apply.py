@@ -22,9 +22,9 @@ FIT = dict(gpus="2xcpu", seq=MODEL["seq"], n_layer=MODEL["n_layer"], tiny=True, 
 
 @pytest.fixture(scope="module")
 def chosen(tmp_path_factory):
-    """fit with ample memory (DDP is fastest, saving everything), then with a limit 1 B below the
-    least iteration peak DDP can have (its proven floor at micro-batch 1): only FSDP fits, and at
-    micro-batches above 1 only by recomputing."""
+    """fit with ample memory (everything fits, the fastest saving everything), then with a limit 1 B
+    below the least iteration peak DDP can have (its proven floor at micro-batch 1): only FSDP fits,
+    and at micro-batches above 1 only by recomputing."""
     from remat_opt.analysis.fit import fit, plan_file_of
 
     roomy = fit("Llama-2-7b-hf", memory_gb=1.0, **FIT)
@@ -51,7 +51,10 @@ def ranks(chosen, tmp_path_factory):
 
 def test_only_some_configurations_fit_the_limit(chosen):
     roomy, result, _ = chosen
-    assert all(r.fits for r in roomy.rows) and roomy.best.config.parallel.strategy == "ddp"
+    # with ample memory the fastest recomputes nothing (FSDP at micro-batch 4 since its reduce-scatters
+    # overlap the backward: 5.32 ms for 4 sequences against DDP's 5.86 ms, 2026-12-07)
+    assert all(r.fits for r in roomy.rows)
+    assert not (roomy.best.plan and roomy.best.plan.recomputed_tag_targets)
     fitting = [r for r in result.rows if r.fits]
     assert fitting and all(r.config.parallel.strategy == "fsdp" for r in fitting)
     assert all(r.peak_bytes <= result.limit_bytes for r in fitting)
