@@ -39,8 +39,9 @@ class Clock:
 
     def remaining_s(self) -> float:
         """What is left of the limit (never below 0)."""
-        left = self.limit_s - self.used_s if self.deterministic else self.wall_remaining_s()
-        left = min(left, self.wall_remaining_s())
+        left = self.wall_remaining_s()
+        if self.deterministic:
+            left = min(left, self.limit_s - self.used_s)
         if self.parent is not None:
             left = min(left, self.parent.remaining_s())
         return max(0.0, left)

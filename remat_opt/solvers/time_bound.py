@@ -57,21 +57,20 @@ class TimeBound:
 
 def lower_bound(problem: RecomputeProblem, budgets: Budgets, *, time_limit_s: float, time_quantum_s: float = 1e-8,
                 num_workers: int = 8, hint_units: tuple[str, ...] | None = None, incumbent_s: float | None = None,
-                gap_tolerance: float = 0.0, cp_sat: bool = True, deterministic: bool = False) -> TimeBound:
+                gap_tolerance: float = 0.0, cp_sat: bool = True) -> TimeBound:
     """Least time of the untied CP-SAT model under the peak model's rows (a relaxation of the
     simulated peak), within `time_limit_s`: its proven bound, or `relaxation_bound` when larger, is
     a lower bound on every plan's time under `budgets` (None: the budgets are proven infeasible).
     CP-SAT is not run when `relaxation_bound` already puts `incumbent_s` (a fitting plan's time)
-    within `gap_tolerance` of the optimum, nor with `cp_sat` False (the relaxations alone).
-    `deterministic`: CP-SAT's limit in deterministic time (`solvers._clock`)."""
+    within `gap_tolerance` of the optimum, nor with `cp_sat` False (the relaxations alone)."""
     relaxed_s, source = relaxation_bound(problem, budgets, time_limit_s=time_limit_s / 2)
     if relaxed_s is None:
         return TimeBound(None)
     close = incumbent_s is not None and incumbent_s - relaxed_s <= gap_tolerance * incumbent_s
     if time_limit_s <= 0 or close or not cp_sat:
         return TimeBound(relaxed_s, source=source)
-    clock = Clock(time_limit_s, deterministic)
-    ilp_options = ILPOptions(time_quantum_s=time_quantum_s, num_workers=num_workers, deterministic=deterministic)
+    clock = Clock(time_limit_s, deterministic=False)  # 8 workers: a wall-clock limit (`solvers._clock`)
+    ilp_options = ILPOptions(time_quantum_s=time_quantum_s, num_workers=num_workers)
     form = ILPModel(problem, Ties(), ilp_options)
     if budgets.activation_bytes is not None:
         form.add_saved_budget(budgets.activation_bytes)
