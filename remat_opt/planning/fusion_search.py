@@ -155,6 +155,7 @@ def search_with_model(
     top_scale: float,
     *,
     first_scale: float | None = None,
+    floor_scale: float = 0.0,
     plan_key: Callable[[object], object] = id,
     max_checks: int = 3,
     solves_per_check: int = 8,
@@ -174,6 +175,9 @@ def search_with_model(
         observe: (plan, realized) -> None: the model learns from a dry run.
         top_scale: a scale of the targets at which the solver saves everything it would.
         first_scale: the scale the model expects to fill the targets (the search starts there).
+        floor_scale: a scale below which the solver has no plan (a lower bound on its least memory):
+            the search does not look below it (a solve below the least plan is slow: its error names
+            the least plan).
         plan_key: plan -> a key equal for equal plans (a plan checked once is not checked again).
 
     Returns:
@@ -185,7 +189,7 @@ def search_with_model(
     checked: set = set()
     for _ in range(max_checks):
         found = _least_time_predicted_to_hold(targets, plan_at, extra_time_s, predict, top_scale, solves_per_check,
-                                              first_scale, close_fraction)
+                                              first_scale, close_fraction, floor_scale)
         if found is None or plan_key(found[0]) in checked:
             break
         plan, budgets = found
@@ -203,26 +207,32 @@ def search_with_model(
 
 
 def _least_time_predicted_to_hold(targets, plan_at, extra_time_s, predict, top_scale: float, solves: int,
-                                  first_scale: float | None = None, resolution: float = 0.01):
+                                  first_scale: float | None = None, resolution: float = 0.01,
+                                  floor_scale: float = 0.0):
     """A search over one scale of the solver's budgets (``scale * target`` each) for the largest
     scale whose plan the model predicts to hold: regula falsi on the predicted overshoot (the largest
     predicted bytes over target, less one), bisection where it stalls, from `first_scale` (default:
     the top) until the bracket is narrower than `resolution` of its top, at most `solves` solves. Of
-    the plans the solver returned, the least-time one predicted to hold and its budgets (None: none)."""
+    the plans the solver returned, the least-time one predicted to hold and its budgets; when none
+    is, the one predicted to overshoot least (the model may be wrong: a dry run checks it); None
+    when the solver returned none."""
     def overshoot(plan) -> float:
         predicted = predict(plan)
         return max(predicted.value(n) / max(t, 1) for n, t in targets.items()) - 1.0
 
     top = max(top_scale, 1.0)
-    low, high = 0.0, top  # low: holds (or below what the solver can plan); high: breaks
-    f_low, f_high, found = -1.0, None, []
-    scale = first_scale if first_scale is not None and 0 < first_scale < top else top
+    low, high = min(max(floor_scale, 0.0), top), top  # low: holds (or below what the solver can plan); high: breaks
+    f_low, f_high, found, closest = -1.0, None, [], None
+    scale = max(first_scale, low) if first_scale is not None and 0 < first_scale < top else top
     for _ in range(solves):
         budgets = {n: int(scale * t) for n, t in targets.items()}
         try:
             plan = plan_at(budgets)
-        except InfeasibleBudgetError:  # the solver's own model cannot go this low
+        except (InfeasibleBudgetError, TimeoutError) as error:  # the solver has no plan this low
             low, f_low = scale, -1.0
+            minimum = getattr(error, "minimum", None)
+            if minimum is not None and error.kind in targets:  # nor below its least plan
+                low = max(low, min(minimum / max(targets[error.kind], 1), top))
         else:
             f = overshoot(plan)
             if f <= 0:
@@ -232,6 +242,8 @@ def _least_time_predicted_to_hold(targets, plan_at, extra_time_s, predict, top_s
                 low, f_low = scale, f
             else:
                 high, f_high = scale, f
+                if closest is None or f < closest[0]:
+                    closest = (f, plan, budgets)
         if high - low <= resolution * high:
             break
         if f_high is None:  # the first guess held: is the top's plan held too?
@@ -241,7 +253,9 @@ def _least_time_predicted_to_hold(targets, plan_at, extra_time_s, predict, top_s
         # regula falsi, kept inside the bracket's middle 90% (bisection where it would stall at an end)
         scale = secant if low + 0.05 * (high - low) < secant < high - 0.05 * (high - low) \
             else (low + high) / 2
-    return min(found, key=lambda pair: extra_time_s(pair[0]), default=None)
+    if not found:
+        return None if closest is None else closest[1:]
+    return min(found, key=lambda pair: extra_time_s(pair[0]))
 
 
 def _overshoot(realized: Realized, targets: Mapping[str, int]) -> int:

@@ -10,6 +10,7 @@ fastest plans prefer the one saving least.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import replace
 
 from remat_opt.core.plan import RematPlan
@@ -45,7 +46,9 @@ def _fallback(problem: RecomputeProblem, budgets: Budgets, outcome: Outcome, opt
         fits = _fitting(problem, budgets, [minimum_peak(problem, options).units])
         note = "the solver found no plan in time: the plan of the least step peak found"
     if not fits:
-        why = "; ".join(outcome.notes) or f"time_limit_s={options.time_limit_s} passed"
+        counts = Counter(outcome.notes)
+        why = "; ".join(f"{n} ({counts[n]} times)" if counts[n] > 1 else n for n in counts) \
+            or f"time_limit_s={options.time_limit_s} passed"
         raise TimeoutError(f"ilp: no plan within budget found ({why}), nor among the baselines, min-cut plans "
                            "and the least-peak plan")
     return Outcome(min(fits)[1], "fallback", notes=(*outcome.notes, note))

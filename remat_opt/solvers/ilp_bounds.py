@@ -3,6 +3,7 @@ peak with a proven lower bound, and the `InfeasibleBudgetError` that names them.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -62,15 +63,26 @@ class PeakMinimum:
     units: tuple[str, ...]
 
 
+_MINIMA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # problem -> {options: PeakMinimum}
+
+
 def minimum_peak(problem: RecomputeProblem, options: ILPOptions = ILPOptions()) -> PeakMinimum:
     """The least simulated peak found within the time limit (deterministic: `solvers._clock`), with a
     lower bound and its plan's units.
 
     A lower bound from the peak model; the best of its plan, the baselines and a min-cut sweep;
     then bisection on the peak budget with the ILP as the feasibility oracle, until the two meet
-    or the time limit passes.
+    or the time limit passes. Deterministic, so kept per problem and options: a search that asks
+    several infeasible budgets (`planning.fusion_search`) pays for it once.
     """
     options = replace(options, deterministic=True)  # the same minimum on every rank and every rerun
+    known = _MINIMA.setdefault(problem, {})
+    if options not in known:
+        known[options] = _minimum_peak(problem, options)
+    return known[options]
+
+
+def _minimum_peak(problem: RecomputeProblem, options: ILPOptions) -> PeakMinimum:
     clock = options.clock()
     ties = choose_ties(problem, options.tie_blocks, options.min_tied_blocks)
     lower, candidates = peak_model_minimum(problem, ILPModel(problem, ties, options), clock)

@@ -10,7 +10,8 @@ import pytest
 from remat_opt.core.errors import InfeasibleBudgetError
 from remat_opt.core.graph import JointGraph
 from remat_opt.planning.fusion_model import SavedBytesModel
-from remat_opt.planning.fusion_search import ACTIVATION, PEAK, Realized, search_budgets, search_with_model
+from remat_opt.planning.fusion_search import (ACTIVATION, PEAK, Realized, _least_time_predicted_to_hold,
+                                              search_budgets, search_with_model)
 from synthetic import chain_graph
 
 
@@ -125,6 +126,50 @@ def test_a_model_that_is_wrong_the_other_way_returns_no_plan_that_breaks_the_bud
     result = _model_search({ACTIVATION: 500}, _solver(), lambda p: Realized(p.saved + 50, 0),
                            predict=lambda p: Realized(p.saved, 0))
     assert result is None
+
+
+def test_when_no_plan_is_predicted_to_hold_the_closest_is_checked_and_the_model_learns():
+    # the model thinks the pass adds 200 B to every plan, so no plan the solver can make (it saves at
+    # least 400 B) is predicted to hold 500 B; the plan predicted to overshoot least is realized all
+    # the same, holds, and the model, corrected, fills the target in the next check
+    learned = {"added": 200}
+    result = _model_search({ACTIVATION: 500}, _solver(least=400), lambda p: Realized(p.saved, 0),
+                           predict=lambda p: Realized(p.saved + learned["added"], 0),
+                           observe=lambda p, r: learned.update(added=r.saved_bytes - p.saved))
+    assert result is not None and result.realized.saved_bytes <= 500
+    assert result.realized.saved_bytes >= 0.99 * 500 and len(result.rounds) == 2
+
+
+def test_the_search_does_not_ask_below_the_floor_nor_again_below_a_named_minimum():
+    # infeasible solver budgets are slow to answer (the error names the least plan, or the solver
+    # runs out of time): below `floor_scale` none is asked; without it, the first guess (half the
+    # target) is infeasible and its error's minimum keeps every later guess above the least plan
+    asked = []
+
+    def plan_at(budgets):
+        asked.append(budgets[ACTIVATION])
+        return _solver(least=400)(budgets)
+
+    realize = lambda p: Realized(int(p.saved * 0.6), 0)  # noqa: E731
+    for floor, infeasible_asks in ((400 / 300, 0), (0.0, 1)):
+        asked.clear()
+        found = _least_time_predicted_to_hold({ACTIVATION: 300}, plan_at, lambda p: p.time_s, realize,
+                                              top_scale=4.0, solves=8, first_scale=0.5, floor_scale=floor)
+        assert found is not None  # a plan predicted to hold, or the closest to holding
+        assert sum(1 for budget in asked if budget < 400) == infeasible_asks, asked
+
+
+def test_a_solver_out_of_time_counts_as_no_plan_at_that_budget():
+    # near its least plan the solver may find none in its time limit: the search goes on above it
+    def plan_at(budgets):
+        if budgets[ACTIVATION] < 450:
+            raise TimeoutError("no plan within budget found")
+        return _solver()(budgets)
+
+    realize = lambda p: Realized(int(p.saved * 0.6), 0)  # noqa: E731
+    plan, _ = _least_time_predicted_to_hold({ACTIVATION: 300}, plan_at, lambda p: p.time_s, realize,
+                                            top_scale=4.0, solves=8, first_scale=1.0)
+    assert plan.saved >= 450  # found above it (or the closest to holding there)
 
 
 def test_the_model_learns_per_origin_ratios_and_bytes_the_pass_adds():

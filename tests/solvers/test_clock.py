@@ -8,7 +8,7 @@ from ortools.sat.python import cp_model
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.solvers import _clock
 from remat_opt.solvers._clock import WALL_SAFETY, Clock
-from remat_opt.solvers.ilp_bounds import minimum_peak
+from remat_opt.solvers.ilp_bounds import _MINIMA, minimum_peak
 from remat_opt.solvers.ilp_model import ILPModel, ILPOptions
 from synthetic import proxy_op_time_s, stacked_blocks_graph
 
@@ -68,6 +68,7 @@ def _least_peak_and_solves(problem: RecomputeProblem, options: ILPOptions, monke
     spinners = [threading.Thread(target=_spin, args=(stop,)) for _ in range(spinning_threads)]
     for thread in spinners:
         thread.start()
+    _MINIMA.pop(problem, None)  # search again: `minimum_peak` keeps its answer per problem
     try:
         return minimum_peak(problem, options), solves
     finally:
@@ -89,3 +90,19 @@ def test_the_least_peak_search_is_the_same_when_the_machine_is_loaded(monkeypatc
     assert quiet.lower_bytes < quiet.best_bytes  # cut short: the answer is the search's, not the optimum
     loaded, loaded_solves = _least_peak_and_solves(problem, options, monkeypatch, 3)
     assert (loaded, loaded_solves) == (quiet, quiet_solves)
+
+
+def test_the_least_peak_is_searched_once_per_problem_and_options(monkeypatch):
+    """`minimum_peak` is deterministic, so its answer is kept: a second call with the same problem and
+    options makes no solve (a search through a fusion pass may ask many infeasible budgets, each
+    naming the least peak); other options search again."""
+    graph = stacked_blocks_graph(4)
+    problem = RecomputeProblem.from_graph(graph, proxy_op_time_s(graph))
+    options = ILPOptions(time_limit_s=2.0, tie_blocks=False)
+    first, first_solves = _least_peak_and_solves(problem, options, monkeypatch, 0)
+    assert first_solves
+    solves = []
+    monkeypatch.setattr(ILPModel, "solve", lambda form, clock, hint=None: solves.append(1) or _SOLVE(form, clock, hint))
+    assert minimum_peak(problem, options) is first and not solves
+    minimum_peak(problem, ILPOptions(time_limit_s=1.0, tie_blocks=False))
+    assert solves
