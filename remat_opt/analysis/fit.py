@@ -724,15 +724,18 @@ def result_rows(result: FitResult) -> list[dict[str, str]]:
 
 
 def _kinds(counts: dict[str, int], shown: int = 3) -> str:
-    """Rerun ops that cost time, by kind, fusion regions together, re-gathers apart:
+    """Rerun ops that cost time, by kind, fusion regions together, attention by any executor as
+    ``sdpa`` (on meta the stand-in's graphs run it through remat_opt's CPU executor), re-gathers apart:
     ``"12 ops: fusion regions (8), linear (2), mul (1), 1 more"``."""
+    from costmodels.formulas import SDPA_FORMS
     from remat_opt.distributed.collective_order import ALL_GATHER
 
     kinds: dict[str, int] = {}
     for symbol, n in counts.items():
         if symbol == ALL_GATHER:
             continue
-        kind = "fusion regions" if re.fullmatch(r"(nvFusion|TorchCompile)\d+", symbol) else symbol
+        kind = "fusion regions" if re.fullmatch(r"(nvFusion|TorchCompile)\d+", symbol) else \
+            "sdpa" if symbol in SDPA_FORMS else symbol
         kinds[kind] = kinds.get(kind, 0) + n
     if not kinds:
         return "nothing"

@@ -14,6 +14,7 @@ from remat_opt.analysis.fit import (
     Configuration,
     FitError,
     FitRow,
+    _kinds,
     configurations,
     fit,
     parse_gpus,
@@ -33,6 +34,13 @@ def test_gpus_parse_count_and_kind_with_nvml_memory(text, count, spec):
     gpus = parse_gpus(text)
     assert (gpus.count, gpus.device_spec) == (count, spec)
     assert gpus.memory_bytes == {"H100-SXM": 81_559, "A100-80GB": 81_920, "H200": 143_771}[spec] * 2**20
+
+
+def test_rerun_kinds_group_fusion_regions_and_name_attention_sdpa_whatever_runs_it():
+    # on meta the stand-in's graphs run attention through remat_opt's CPU executor; a GPU table says sdpa
+    counts = {"nvFusion3": 4, "TorchCompile0": 1, "linear": 3, "remat_sdpa_cpu_fwd": 2, "cudnn_sdpa_fwd": 1,
+              "mul": 1, "torch_all_gather_prim_impl": 9}
+    assert _kinds(counts) == "12 ops: fusion regions (5), linear (3), sdpa (3), 1 more kinds"
 
 
 @pytest.mark.parametrize("text, memory_gb, message", [
