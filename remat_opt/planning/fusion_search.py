@@ -114,7 +114,7 @@ def search_budgets(
         if plan is None:
             try:
                 plan = plan_at(dict(solver))
-            except InfeasibleBudgetError:  # the solver's own model cannot go this low
+            except (InfeasibleBudgetError, TimeoutError):  # the solver has no plan this low
                 break
         this = Round(tuple(sorted(solver.items())), extra_time_s(plan), realize(plan))
         improved = not refining or _overshoot(this.realized, targets) < _overshoot(rounds[-1].realized, targets)

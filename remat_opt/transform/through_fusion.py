@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from remat_opt import _compat  # noqa: F401  (before thunder)
+from remat_opt.core.errors import InfeasibleBudgetError
 from remat_opt.tracing import extract
 from remat_opt.tracing.dry_run import dry_run as isolated_dry_run
 
@@ -160,7 +161,7 @@ def _remembered(plan_at):
         if key not in answers:
             try:
                 answers[key] = (plan_at(dict(budgets)), None)
-            except (fs.InfeasibleBudgetError, TimeoutError) as error:
+            except (InfeasibleBudgetError, TimeoutError) as error:
                 answers[key] = (None, error)
         plan, error = answers[key]
         if error is not None:
@@ -178,8 +179,9 @@ class _RealizedModel:
     The step peak through the pass follows Thunder's saved bytes, not the solver's: on one
     Llama-2-7b layer at seq 4096 through the stand-in (2026-12-07), the realized peak less the
     realized saved bytes stayed within 1.52-1.61 GB over ten plans whose solver peaks less realized
-    peaks ranged over 0.37-0.64 GB; with the solver's peak plus an offset the search needed 7-9 dry
-    runs per step-peak budget, with this model 1 at a half and a quarter of the way down.
+    peaks ranged over 0.37-0.64 GB. With the solver's peak plus an offset the search needed 7-9 dry
+    runs per step-peak budget; with this model 1 at 2.095 and 2.15 GB, 5 and 8 at 2.045 and 2.02 GB
+    (the least realized peak is 1.99 GB).
     """
 
     def __init__(self, unfused, fused, save_all: fs.Realized, free: PlannedStep):
