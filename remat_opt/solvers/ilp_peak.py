@@ -10,7 +10,8 @@ budget by the simulated overshoot and bisects it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import weakref
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -66,6 +67,26 @@ def _simulated_violation(problem: RecomputeProblem, units, peak_budget_bytes: in
     return False, sorted(over, key=lambda j: -over[j]), timeline.peak_bytes
 
 
+@dataclass
+class LearnedRows:
+    """Rows `refine` found binding on one problem, at any budget: the events of peak rows and the
+    backward ops of schedule rows. Both are valid at every budget (the row's bytes do not depend on
+    it), so a later solve of the same problem starts with them instead of finding them again, one
+    CP-SAT solve per row (a step-peak search solves one problem at many budgets)."""
+
+    events: set[int] = field(default_factory=set)
+    schedule_ops: set[int] = field(default_factory=set)
+
+
+_LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # problem -> LearnedRows
+
+
+def learned_rows(problem: RecomputeProblem) -> LearnedRows:
+    if problem not in _LEARNED:
+        _LEARNED[problem] = LearnedRows()
+    return _LEARNED[problem]
+
+
 def initial_rows(problem: RecomputeProblem) -> set[int]:
     """Events that bind most often: the peaks of save-all and of keeping nothing, the backward start."""
     save_all = model_live_bytes(problem, ())
@@ -73,12 +94,20 @@ def initial_rows(problem: RecomputeProblem) -> set[int]:
     return {int(np.argmax(save_all)), int(np.argmax(keep_none)), len(problem.graph.forward_ops)}
 
 
-def build_model(problem, ties: Ties, options: ILPOptions, activation_budget_bytes, model_peak_bytes) -> ILPModel:
+def build_model(problem, ties: Ties, options: ILPOptions, activation_budget_bytes, model_peak_bytes,
+                exact: bool = False) -> ILPModel:
+    """The CP-SAT model with the saved-bytes budget, the initial peak rows and the rows earlier solves
+    of `problem` found binding (`LearnedRows`; schedule rows only when `exact`, as `refine` adds them)."""
     form = ILPModel(problem, ties, options)
     if activation_budget_bytes is not None:
         form.add_saved_budget(activation_budget_bytes)
-    for event in initial_rows(problem) if model_peak_bytes is not None else ():
-        form.add_peak_row(event, model_peak_bytes)
+    if model_peak_bytes is not None:
+        learned = learned_rows(problem)
+        for event in sorted(initial_rows(problem) | learned.events):
+            form.add_peak_row(event, model_peak_bytes)
+        for j in sorted(learned.schedule_ops) if exact else ():
+            form.schedule_rows.add(j)
+            add_schedule_row(form, j, model_peak_bytes)
     form.cp.minimize(form.time_expr())
     return form
 
@@ -103,6 +132,7 @@ def refine(form: ILPModel, peak_budget_bytes, model_peak_bytes, clock: Clock, ex
             event = _model_violation(problem, solution.units, model_peak_bytes)
             if event is not None:
                 form.add_peak_row(event, model_peak_bytes)
+                learned_rows(problem).events.add(event)
                 continue
             fits, over, peak = _simulated_violation(problem, solution.units, peak_budget_bytes)
             if not fits and not exact:
@@ -112,6 +142,7 @@ def refine(form: ILPModel, peak_budget_bytes, model_peak_bytes, clock: Clock, ex
             if new_rows:
                 form.schedule_rows.add(new_rows[0])
                 add_schedule_row(form, new_rows[0], model_peak_bytes)
+                learned_rows(problem).schedule_ops.add(new_rows[0])
                 continue
             if not fits:
                 notes.append("no-good cut: a recompute transient exceeded every peak row")
@@ -129,7 +160,7 @@ def solve_model(problem, ties: Ties, options: ILPOptions, budgets: Budgets, cloc
     between the best fitting and the last overshooting value (`max_shrinks` solves in all); the
     gap is measured against the first relaxation's bound."""
     exact = options.exact_peak if options.exact_peak is not None else not ties.tied
-    form = build_model(problem, ties, options, budgets.activation_bytes, budgets.peak_bytes)
+    form = build_model(problem, ties, options, budgets.activation_bytes, budgets.peak_bytes, exact)
     first = refine(form, budgets.peak_bytes, budgets.peak_bytes, clock, exact)
     if first.status != "overshoot":
         return first, form

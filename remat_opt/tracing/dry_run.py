@@ -13,6 +13,7 @@ its origin (read by `remat_opt.tracing.extract`).
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from thunder.core.proxies import FutureTensorProxy, Proxy, TensorProxy  # noqa: 
 from thunder.core.symbol import BoundSymbol  # noqa: E402
 from thunder.core.trace import TraceCtx, from_trace  # noqa: E402
 from thunder.core.transform_common import dce  # noqa: E402
+from thunder.transforms.autodiff import split_into_forward_and_backward  # noqa: E402
 
 from remat_opt.distributed.regather_order import order_fsdp_collectives  # noqa: E402
 from remat_opt.tracing.op_semantics import draws_random_itself  # noqa: E402
@@ -106,19 +108,17 @@ def dry_run(computation_trace: TraceCtx, executors_list, collectives_in_flight: 
     (`remat_opt.distributed.regather_order`): backward re-gathers before first use; with `collectives_in_flight`,
     at most that many all-gathers or reduce-scatters in flight (None: Thunder's order).
 
+    Autodiff does not depend on the executors: the latest autodiff of each computation trace is
+    kept with its tags (`_JointCache`), so a second dry run with the same tags and other executors
+    (CostRemat's: with and without the fusion executors) runs only the executors' passes.
+
     Returns:
         The final forward and backward traces (before `del` insertion), with origin markers.
     """
-    from thunder.transforms.autodiff import grad_transform_on_trace, split_into_forward_and_backward
-
     proxies = _all_proxies(computation_trace)
     saved_tags = {key: set(p.tags) for key, p in proxies.items()}
     try:
-        trace = from_trace(computation_trace)
-        trace.names = set(computation_trace.names)
-        trace.bound_symbols = [_copy_marked(b, 0)[0] for b in computation_trace.bound_symbols]
-        trace = dce(trace)
-        trace = grad_transform_on_trace(trace)
+        trace = _JOINT.joint(computation_trace, proxies)
         trace = _sort_waits_as_thunder_does(trace, executors_list)
         with _regions_built_at_first_call():
             trace = transform_for_execution(trace, executors_list=executors_list, use_del_last_used=False)[-1]
@@ -131,6 +131,42 @@ def dry_run(computation_trace: TraceCtx, executors_list, collectives_in_flight: 
             p.tags.update(saved_tags[key])
 
 
+class _JointCache:
+    """The latest marked, autodiffed copy of a computation trace (one: a large model's is large), with
+    the trace and the tags its proxies carried (what autodiff reads) as the key, and the tags every
+    proxy of the copy had and the names taken right after autodiff: a dry run that reuses the copy
+    puts them back first (the dry run before restored the computation trace's proxies to their tags
+    without markers, and its passes took new names)."""
+
+    def __init__(self):
+        # (weak reference to the computation trace, key, joint trace, tags and names after autodiff)
+        self._latest = None
+
+    def joint(self, computation_trace: TraceCtx, proxies: dict[int, Proxy]) -> TraceCtx:
+        from thunder.transforms.autodiff import grad_transform_on_trace
+
+        key = tuple(sorted((p.name, tuple(sorted(map(repr, p.tags)))) for p in proxies.values() if p.tags))
+        if self._latest is not None and self._latest[0]() is computation_trace and self._latest[1] == key:
+            _, _, joint, tags_after, names_after = self._latest
+            for p, tags in tags_after:
+                p.tags.clear()
+                p.tags.update(tags)
+            joint.names.clear()  # the passes' traces share this set (`from_trace`): the same new names again
+            joint.names.update(names_after)
+            return joint
+        self._latest = None
+        trace = from_trace(computation_trace)
+        trace.names = set(computation_trace.names)
+        trace.bound_symbols = [_copy_marked(b, 0)[0] for b in computation_trace.bound_symbols]
+        joint = grad_transform_on_trace(dce(trace))
+        tags_after = [(p, set(p.tags)) for p in {**proxies, **_all_proxies(joint)}.values()]
+        self._latest = (weakref.ref(computation_trace), key, joint, tags_after, set(joint.names))
+        return joint
+
+
+_JOINT = _JointCache()
+
+
 def _sort_waits_as_thunder_does(joint_trace: TraceCtx, executors_list) -> TraceCtx:
     """What Thunder 0.2.6 does between autodiff and the executors' passes when the trace has
     collectives (FSDP, DDP: ``thunder/__init__.py``): claim ops for the executors, then move each
@@ -139,9 +175,19 @@ def _sort_waits_as_thunder_does(joint_trace: TraceCtx, executors_list) -> TraceC
     from thunder.distributed.utils import maybe_sort_waits
     from thunder.executors.passes import _transform_for_operator_executor_execution
 
+    if not _has_distributed_prims(joint_trace.bound_symbols):  # no wait to sort (claiming costs ~0.1 s)
+        return joint_trace
     claimed = _transform_for_operator_executor_execution(joint_trace, executors_list)
     is_sorted, claimed = maybe_sort_waits(claimed)
     return claimed if is_sorted else joint_trace
+
+
+def _has_distributed_prims(bsyms) -> bool:
+    """Whether any bound symbol, or any of their subsymbols, is one of Thunder's distributed prims
+    (all-gather, wait, ...): only those are claimed as ``wait_prim_impl``, what Thunder sorts."""
+    from thunder.distributed.prims import PrimIDs
+
+    return any(isinstance(b.sym.id, PrimIDs) or _has_distributed_prims(b.subsymbols) for b in bsyms)
 
 
 @contextmanager

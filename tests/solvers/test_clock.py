@@ -10,6 +10,7 @@ from remat_opt.solvers import _clock
 from remat_opt.solvers._clock import WALL_SAFETY, Clock
 from remat_opt.solvers.ilp_bounds import _MINIMA, minimum_peak
 from remat_opt.solvers.ilp_model import ILPModel, ILPOptions
+from remat_opt.solvers.ilp_peak import _LEARNED
 from synthetic import proxy_op_time_s, stacked_blocks_graph
 
 _SOLVE = ILPModel.solve  # unwrapped, whatever a test patches
@@ -69,6 +70,7 @@ def _least_peak_and_solves(problem: RecomputeProblem, options: ILPOptions, monke
     for thread in spinners:
         thread.start()
     _MINIMA.pop(problem, None)  # search again: `minimum_peak` keeps its answer per problem
+    _LEARNED.pop(problem, None)  # from the initial rows: solves keep the rows they found per problem
     try:
         return minimum_peak(problem, options), solves
     finally:

@@ -113,3 +113,44 @@ def test_peak_pareto_points_are_the_ilps_own_optima_within_budget(seed):
         assert p.peak_bytes == simulate_peak_bytes(graph, p.plan.recomputed_tag_targets) <= p.swept_budget_bytes
     times = [p.extra_time_s for p in points]
     assert times == sorted(times, reverse=True)
+
+
+@pytest.mark.parametrize("seed", range(0, 40, 4))
+def test_rows_found_at_one_budget_serve_the_next_with_the_same_optima(seed, monkeypatch):
+    """`ilp_peak.LearnedRows`: the peak and schedule rows a solve found binding start every later
+    solve of the same problem. The optima are those of solving each budget from scratch, in either
+    order of budgets, never with more CP-SAT solves in all; seed 0's graph needs rows beyond the
+    initial ones (21 solves from scratch, 15 with the rows kept)."""
+    from remat_opt.solvers.ilp_model import ILPModel, ILPOptions
+    from remat_opt.solvers.ilp_peak import _LEARNED
+
+    problem = random_problem(seed)  # not the cached one: other tests' solves would have taught it rows
+    options = ILPOptions(time_limit_s=30.0)
+    low, high = simulate_peak_bytes(problem.graph, problem.allowed_units), simulate_peak_bytes(problem.graph, ())
+    budgets = [low + (high - low) * k // 8 for k in range(1, 8)]
+    solves = []
+    monkeypatch.setattr(ILPModel, "solve", lambda form, clock, hint=None, _solve=ILPModel.solve:
+                        solves.append(1) or _solve(form, clock, hint))
+
+    def sweep(order, fresh: bool):
+        solves.clear()
+        _LEARNED.pop(problem, None)
+        found = {}
+        for budget in order:
+            if fresh:
+                _LEARNED.pop(problem, None)
+            try:
+                plan = solve_ilp(problem, peak_budget_bytes=budget, options=options)
+            except InfeasibleBudgetError as error:
+                found[budget] = ("infeasible", error.minimum)
+                continue
+            assert plan.status == "optimal" and plan.peak_bytes <= budget
+            found[budget] = round(plan.extra_time_s, 12)
+        return found, len(solves)
+
+    alone, alone_solves = sweep(budgets, fresh=True)
+    for order in (budgets, budgets[::-1]):
+        learned, learned_solves = sweep(order, fresh=False)
+        assert learned == alone
+        assert learned_solves <= alone_solves
+        assert seed != 0 or learned_solves < alone_solves

@@ -243,3 +243,69 @@ def test_thunderfx_graph_of_a_block_is_the_one_its_compilation_saves_from():
     assert graph.saved_activation_bytes == measured.activation_bytes
     with pytest.raises(ModelTraceError, match="ThunderFX tracing of Linear failed"):
         analyze_thunderfx(torch.nn.Linear(4, 4).requires_grad_(False), torch.zeros(2, 4))
+
+
+class _DryRunTwice(thunder.core.transform_common.Transform):
+    """In the pre-prologue hook: the joint graph of each executor list from a dry run that reuses the
+    autodiff of the dry run before (`dry_run._JOINT`), and from one that redoes it; also with a tag."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def transform_traces_pre_prologue(self, prologue_trace, computation_trace, epilogue_trace, **kwargs):
+        from thunder.extend import FusionExecutor
+
+        from remat_opt.tracing import dry_run as dr
+        from remat_opt.tracing.extract import build_joint_graph
+        from remat_opt.transform.tags import tagged_dry_run
+
+        fused = kwargs["executors_list"]
+        unfused = [ex for ex in fused if not isinstance(ex, FusionExecutor)]
+        self.executor_lists = [unfused, fused, unfused]
+
+        def graph(executors_list, fresh: bool):
+            if fresh:
+                dr._JOINT._latest = None
+            names = tuple(ex.name for ex in executors_list)
+            return build_joint_graph(*dr.dry_run(computation_trace, executors_list), names)
+
+        for executors_list in self.executor_lists:
+            self.graphs.append((graph(executors_list, fresh=False), graph(executors_list, fresh=True)))
+        first = self.graphs[0][0]
+        target = next(s.tag_target for s in first.saved if s.taggable)
+        names = tuple(ex.name for ex in self.executor_lists[0])
+        tagged = tagged_dry_run(computation_trace, self.executor_lists[0], names, (target,))
+        self.graphs.append((tagged, graph(self.executor_lists[0], fresh=False)))
+        return prologue_trace, computation_trace, epilogue_trace
+
+
+def test_a_dry_run_reusing_the_autodiff_gives_the_graph_of_a_fresh_one():
+    """CostRemat's two untagged dry runs (with and without the fusion executor) share one autodiff:
+    each graph equals a fresh dry run's, to every op, tensor and origin, and a dry run with a tag
+    does not reuse the untagged autodiff (nor leave it in place for the next)."""
+    model, inputs = _model("Llama-2-7b-hf")
+    probe = _DryRunTwice()
+    thunder.jit(model, transforms=[probe], executors=executor_list("nvfuser-standin"))(*inputs)
+    for reused, fresh in probe.graphs[:3]:
+        assert reused == fresh
+    assert any("fusion" in op.op_tags for op in probe.graphs[1][0].ops)
+    tagged, untagged = probe.graphs[3]
+    assert tagged.saved_names != untagged.saved_names
+    assert untagged == probe.graphs[0][0]
+
+
+def test_waits_are_sorted_only_where_a_distributed_prim_is():
+    """The dry run skips claiming ops for Thunder's wait sorting when no bound symbol, at any depth,
+    is a distributed prim (a wait is one, however deep an executor's decomposition puts it)."""
+    from types import SimpleNamespace as Bsym
+
+    from thunder.core.prims import PrimIDs as Prims
+    from thunder.distributed.prims import PrimIDs
+
+    from remat_opt.tracing.dry_run import _has_distributed_prims
+
+    def bsym(sym_id, *subsymbols):
+        return Bsym(sym=Bsym(id=sym_id), subsymbols=list(subsymbols))
+
+    assert not _has_distributed_prims([bsym(Prims.ADD, bsym(Prims.MUL)), bsym("torch.nn.functional.linear")])
+    assert _has_distributed_prims([bsym(Prims.ADD), bsym("synchronize", bsym(Prims.MUL, bsym(PrimIDs.WAIT)))])
