@@ -120,8 +120,9 @@ def main() -> None:
         f"First compile (`thunder.jit` to the end of the first forward and backward), median of {args.repeats} "
         "rounds, each compiling every configuration afresh in turn; ratio: the median of the per-round ratios "
         "to Thunder alone in the same round. Dry runs: the dry runs with tags CostRemat paid for (each "
-        "compilation with a fusion executor also pays for two untagged ones: Thunder alone with these "
-        "executors, and without the fusion executors, the graph the solver plans on). The plan's saved bytes "
+        "compilation with a fusion executor also pays for two untagged ones, which share one autodiff: Thunder "
+        "alone with these executors, and without the fusion executors, the graph the solver plans on). The "
+        "plan's saved bytes "
         "and predicted recompute time per step are the last round's (the same in every round).",
         "",
         "| model | executors | configuration | first compile (s) | ratio to Thunder alone | dry runs with tags "

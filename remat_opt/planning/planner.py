@@ -65,6 +65,10 @@ class PlanRequest:
             regions the table timed whole price the unfused graph's ops (`remat_opt.costing.graph_costs`).
         fixed_tag_targets: the plan is given (a plan file's tags, `remat_opt.planning.plan_file`):
             these are recomputed, nothing is solved; budgets only check it.
+        deterministic: the ILP's limits in deterministic time with one CP-SAT worker (`ILPOptions`):
+            the same plan at every solve of one graph, which a search through dry runs needs (with
+            8 workers, equal-time plans came back in turn and one step-peak budget of a 7B layer
+            took 5, 7 or 7 dry runs in three compilations; deterministic, 5 each time).
     """
 
     peak_budget_bytes: int | None = None
@@ -76,6 +80,7 @@ class PlanRequest:
     auto_costs: bool = False
     region_graph: JointGraph | None = field(default=None, compare=False, repr=False)
     fixed_tag_targets: tuple[str, ...] | None = None
+    deterministic: bool = False
 
     @classmethod
     def from_gb(cls, *, budget_gb=None, activation_budget_gb=None, **kwargs) -> PlanRequest:
@@ -207,7 +212,7 @@ def solver_options(request: PlanRequest, solver: str):
         return BaselineOptions()
     if solver == "layered":  # half the time limit for the lower bound behind its certified gap
         return LayeredOptions(bound_time_limit_s=request.time_limit_s / 2)
-    return ILPOptions(time_limit_s=request.time_limit_s)
+    return ILPOptions(time_limit_s=request.time_limit_s, deterministic=request.deterministic)
 
 
 def _zero_time_plan(problem: RecomputeProblem, costs: CostModel, request: PlanRequest) -> RematPlan:
@@ -219,7 +224,7 @@ def _zero_time_plan(problem: RecomputeProblem, costs: CostModel, request: PlanRe
     # members', not the region op's own `tag_units`) is pinned
     paid_targets = {name for name, unit in problem.units.items() if any(op not in free for op in unit.ops)}
     problem = RecomputeProblem.from_graph(graph, problem.op_time_s, pinned=paid_targets)
-    options = ILPOptions(time_limit_s=request.time_limit_s)
+    options = ILPOptions(time_limit_s=request.time_limit_s, deterministic=request.deterministic)
     floor_bytes = minimum_saved_bytes(problem, options)
     return SOLVERS["ilp"](problem, activation_budget_bytes=floor_bytes, options=options)
 

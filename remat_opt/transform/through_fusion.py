@@ -58,6 +58,7 @@ class ThroughFusion:
         return self.realize_tags(step.plan.recomputed_tag_targets)
 
     def plan(self, request: PlanRequest) -> PlannedStep:
+        request = replace(request, deterministic=True)  # one plan per budget: the search asks again
         save_all = self.realize_tags(())
         targets = {name: getattr(request, name) for name in (fs.ACTIVATION, fs.PEAK)
                    if getattr(request, name) is not None}
