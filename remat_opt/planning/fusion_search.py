@@ -211,7 +211,8 @@ def _least_time_predicted_to_hold(targets, plan_at, extra_time_s, predict, top_s
                                   floor_scale: float = 0.0):
     """A search over one scale of the solver's budgets (``scale * target`` each) for the largest
     scale whose plan the model predicts to hold: regula falsi on the predicted overshoot (the largest
-    predicted bytes over target, less one), bisection where it stalls, from `first_scale` (default:
+    predicted bytes over target, less one) once a plan is predicted to hold, bisection before that
+    (the floor's overshoot is unknown) and where it stalls, from `first_scale` (default:
     the top) until the bracket is narrower than `resolution` of its top, at most `solves` solves. Of
     the plans the solver returned, the least-time one predicted to hold and its budgets; when none
     is, the one predicted to overshoot least (the model may be wrong: a dry run checks it); None
@@ -223,13 +224,14 @@ def _least_time_predicted_to_hold(targets, plan_at, extra_time_s, predict, top_s
     top = max(top_scale, 1.0)
     low, high = min(max(floor_scale, 0.0), top), top  # low: holds (or below what the solver can plan); high: breaks
     f_low, f_high, found, closest = -1.0, None, [], None
+    low_known = False  # whether a plan at the low end was predicted to hold (its overshoot is known)
     scale = max(first_scale, low) if first_scale is not None and 0 < first_scale < top else top
     for _ in range(solves):
         budgets = {n: int(scale * t) for n, t in targets.items()}
         try:
             plan = plan_at(budgets)
         except (InfeasibleBudgetError, TimeoutError) as error:  # the solver has no plan this low
-            low, f_low = scale, -1.0
+            low, f_low, low_known = scale, -1.0, False
             minimum = getattr(error, "minimum", None)
             if minimum is not None and error.kind in targets:  # nor below its least plan
                 low = max(low, min(minimum / max(targets[error.kind], 1), top))
@@ -239,7 +241,7 @@ def _least_time_predicted_to_hold(targets, plan_at, extra_time_s, predict, top_s
                 found.append((plan, budgets))
                 if scale == top:
                     break  # the largest budget holds: nothing to search
-                low, f_low = scale, f
+                low, f_low, low_known = scale, f, True
             else:
                 high, f_high = scale, f
                 if closest is None or f < closest[0]:
@@ -248,6 +250,11 @@ def _least_time_predicted_to_hold(targets, plan_at, extra_time_s, predict, top_s
             break
         if f_high is None:  # the first guess held: is the top's plan held too?
             scale = top
+            continue
+        if not low_known:
+            # the low end is the floor or a budget without a plan: its overshoot is unknown (a
+            # secant to a made-up -1 crawled down from the top by 2% of the range per solve)
+            scale = (low + high) / 2
             continue
         secant = low + (high - low) * (-f_low) / (f_high - f_low)
         # regula falsi, kept inside the bracket's middle 90% (bisection where it would stall at an end)
