@@ -211,8 +211,8 @@ def _least_time_predicted_to_hold(targets, plan_at, extra_time_s, predict, top_s
                                   floor_scale: float = 0.0):
     """A search over one scale of the solver's budgets (``scale * target`` each) for the largest
     scale whose plan the model predicts to hold: regula falsi on the predicted overshoot (the largest
-    predicted bytes over target, less one) once a plan is predicted to hold, bisection before that
-    (the floor's overshoot is unknown) and where it stalls, from `first_scale` (default:
+    predicted bytes over target, less one), bisection while the low end's overshoot is unknown (a
+    positive floor, a budget without a plan) and where it stalls, from `first_scale` (default:
     the top) until the bracket is narrower than `resolution` of its top, at most `solves` solves. Of
     the plans the solver returned, the least-time one predicted to hold and its budgets; when none
     is, the one predicted to overshoot least (the model may be wrong: a dry run checks it); None
@@ -224,7 +224,9 @@ def _least_time_predicted_to_hold(targets, plan_at, extra_time_s, predict, top_s
     top = max(top_scale, 1.0)
     low, high = min(max(floor_scale, 0.0), top), top  # low: holds (or below what the solver can plan); high: breaks
     f_low, f_high, found, closest = -1.0, None, [], None
-    low_known = False  # whether a plan at the low end was predicted to hold (its overshoot is known)
+    # whether the low end's overshoot is known: a plan there was predicted to hold, or the floor is
+    # zero bytes (where a plan saves nothing: -1); a positive floor's is not
+    low_known = low == 0.0
     scale = max(first_scale, low) if first_scale is not None and 0 < first_scale < top else top
     for _ in range(solves):
         budgets = {n: int(scale * t) for n, t in targets.items()}
@@ -252,8 +254,8 @@ def _least_time_predicted_to_hold(targets, plan_at, extra_time_s, predict, top_s
             scale = top
             continue
         if not low_known:
-            # the low end is the floor or a budget without a plan: its overshoot is unknown (a
-            # secant to a made-up -1 crawled down from the top by 2% of the range per solve)
+            # the low end is a positive floor or a budget without a plan: its overshoot is unknown
+            # (a secant to a made-up -1 there crawled down from the top by 2% of the range per solve)
             scale = (low + high) / 2
             continue
         secant = low + (high - low) * (-f_low) / (f_high - f_low)

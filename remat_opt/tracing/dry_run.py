@@ -160,8 +160,13 @@ class _JointCache:
         trace.bound_symbols = [_copy_marked(b, 0)[0] for b in computation_trace.bound_symbols]
         joint = grad_transform_on_trace(dce(trace))
         tags_after = [(p, set(p.tags)) for p in {**proxies, **_all_proxies(joint)}.values()]
-        self._latest = (weakref.ref(computation_trace), key, joint, tags_after, set(joint.names))
+        self._latest = (weakref.ref(computation_trace, self._drop), key, joint, tags_after, set(joint.names))
         return joint
+
+    def _drop(self, dead_reference) -> None:
+        """The computation trace is gone (its compilation is over): so is its copy."""
+        if self._latest is not None and self._latest[0] is dead_reference:
+            self._latest = None
 
 
 _JOINT = _JointCache()
