@@ -181,8 +181,9 @@ class _RealizedModel:
     Llama-2-7b layer at seq 4096 through the stand-in (2026-12-07), the realized peak less the
     realized saved bytes stayed within 1.52-1.61 GB over ten plans whose solver peaks less realized
     peaks ranged over 0.37-0.64 GB. With the solver's peak plus an offset the search needed 7-9 dry
-    runs per step-peak budget; with this model 1 at 2.095 and 2.15 GB, 5 and 8 at 2.045 and 2.02 GB
-    (the least realized peak is 1.99 GB).
+    runs per step-peak budget; with this model 1 at 2.095 and 2.15 GB, 5 and 8 at 2.045 and 2.02 GB;
+    since the search bisects from its floor (`fusion_search._least_time_predicted_to_hold`), 1, 1, 2
+    and 1 (the least realized peak found is now 1.96 GB).
     """
 
     def __init__(self, unfused, fused, save_all: fs.Realized, free: PlannedStep):
