@@ -283,7 +283,7 @@ def test_a_dry_run_reusing_the_autodiff_gives_the_graph_of_a_fresh_one():
     """CostRemat's two untagged dry runs (with and without the fusion executor) share one autodiff:
     each graph equals a fresh dry run's, to every op, tensor and origin, and a dry run with a tag
     does not reuse the untagged autodiff (nor leave it in place for the next)."""
-    model, inputs = _model("Llama-2-7b-hf")
+    model, inputs = _model("block")
     probe = _DryRunTwice()
     thunder.jit(model, transforms=[probe], executors=executor_list("nvfuser-standin"))(*inputs)
     for reused, fresh in probe.graphs[:3]:
