@@ -82,9 +82,7 @@ _LEARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # problem -> 
 
 
 def learned_rows(problem: RecomputeProblem) -> LearnedRows:
-    if problem not in _LEARNED:
-        _LEARNED[problem] = LearnedRows()
-    return _LEARNED[problem]
+    return _LEARNED.setdefault(problem, LearnedRows())
 
 
 def initial_rows(problem: RecomputeProblem) -> set[int]:

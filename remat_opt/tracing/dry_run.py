@@ -23,7 +23,7 @@ from thunder.core.proxies import FutureTensorProxy, Proxy, TensorProxy  # noqa: 
 from thunder.core.symbol import BoundSymbol  # noqa: E402
 from thunder.core.trace import TraceCtx, from_trace  # noqa: E402
 from thunder.core.transform_common import dce  # noqa: E402
-from thunder.transforms.autodiff import split_into_forward_and_backward  # noqa: E402
+from thunder.transforms.autodiff import grad_transform_on_trace, split_into_forward_and_backward  # noqa: E402
 
 from remat_opt.distributed.regather_order import order_fsdp_collectives  # noqa: E402
 from remat_opt.tracing.op_semantics import draws_random_itself  # noqa: E402
@@ -143,8 +143,6 @@ class _JointCache:
         self._latest = None
 
     def joint(self, computation_trace: TraceCtx, proxies: dict[int, Proxy]) -> TraceCtx:
-        from thunder.transforms.autodiff import grad_transform_on_trace
-
         key = tuple(sorted((p.name, tuple(sorted(map(repr, p.tags)))) for p in proxies.values() if p.tags))
         if self._latest is not None and self._latest[0]() is computation_trace and self._latest[1] == key:
             _, _, joint, tags_after, names_after = self._latest

@@ -63,7 +63,10 @@ class ThroughFusion:
         targets = {name: getattr(request, name) for name in (fs.ACTIVATION, fs.PEAK)
                    if getattr(request, name) is not None}
         no_budget = replace(request, activation_budget_bytes=None, peak_budget_bytes=None)
-        free = plan_step(self.graph, no_budget)  # recomputes only what costs no time (views)
+        # one costed problem for every solve (the budgets do not enter it): its peak model, learned
+        # rows and least peak are kept per problem
+        costed = costed_problem(self.graph, request)
+        free = plan_step(self.graph, no_budget, costed)  # recomputes only what costs no time (views)
         model = _RealizedModel(self.graph, self.fused_graph, save_all, free)
         holds_untagged = all(save_all.value(n) <= t for n, t in targets.items())
         if holds_untagged and model.predict(free).saved_bytes >= save_all.saved_bytes:
@@ -79,7 +82,6 @@ class ThroughFusion:
                     free_realized.value(n) <= t for n, t in targets.items())
                 step = free if use_free else replace(free, plan=untagged(free.plan))
                 return self._finish(step, free_realized if use_free else save_all, save_all, (), request)
-        costed = costed_problem(self.graph, request)
         solve = _remembered(lambda budgets: plan_step(self.graph, replace(request, **budgets), costed))
         extra_time_s = lambda step: step.plan.extra_time_s  # noqa: E731
         result = fs.search_with_model(
