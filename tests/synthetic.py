@@ -55,8 +55,9 @@ class _Builder:
         for out, target in zip(outputs, targets or [f"p_{o}" for o in outputs]):
             self.origins[out] = TensorOrigin(out, target, symbol, taggable, reason)
 
-    def backward(self, symbol, inputs, outputs):
-        self.ops.append(OpNode(f"bwd{self.n_backward}", symbol, True, self.n_backward, tuple(inputs), tuple(outputs)))
+    def backward(self, symbol, inputs, outputs, tags=frozenset()):
+        self.ops.append(OpNode(f"bwd{self.n_backward}", symbol, True, self.n_backward, tuple(inputs), tuple(outputs),
+                               op_tags=frozenset(tags)))
         self.n_backward += 1
 
     def graph(self, saved: list[str], outputs: list[str]) -> JointGraph:
@@ -121,16 +122,17 @@ def _random_forward(b: _Builder, rng: random.Random, n_ops: int, groups: random.
 
 
 def _backward_for(b: _Builder, rng: random.Random, saved: list[str], output: str,
-                  grad_numels: tuple[int, ...] = (64, 256, 1024)) -> None:
-    """A backward reading every saved tensor (some through backward views), writing gradients."""
+                  grad_numels: tuple[int, ...] = (64, 256, 1024), periodic: bool = False) -> None:
+    """A backward reading every saved tensor (some through backward views), writing gradients;
+    `periodic`: no views and one gradient size, so that repeated layers' backwards repeat too."""
     cotangent = b.tensor("g_out", b.tensors[output].nbytes // ELEMENT_BYTES, "cotangent")
     grad = cotangent
     for i, name in enumerate(saved):
         read = name
-        if b.tensors[name].kind != "input" and rng.random() < 0.2:  # a backward view of a saved tensor
+        if not periodic and b.tensors[name].kind != "input" and rng.random() < 0.2:  # a backward view of a saved tensor
             read = b.tensor(f"bv{i}", b.tensors[name].nbytes // ELEMENT_BYTES, "backward", base=name)
             b.backward("reshape", [name], [read])
-        new = b.tensor(f"g{i}", rng.choice(grad_numels), "backward")
+        new = b.tensor(f"g{i}", grad_numels[0] if periodic else rng.choice(grad_numels), "backward")
         b.backward("mul", [grad, read], [new])
         grad = new
         if b.tensors[name].kind == "input":  # the parameter's gradient, returned
@@ -185,20 +187,32 @@ def diamond_graph(numel: int = 256) -> JointGraph:
 
 def stacked_blocks_graph(n_blocks: int, seed: int = 0, block_ops: int = 10, *,
                          inner_numels: tuple[int, ...] = (128, 256, 512),
-                         grad_numels: tuple[int, ...] = (64, 256, 1024)) -> JointGraph:
+                         grad_numels: tuple[int, ...] = (64, 256, 1024),
+                         gathered_weights: bool = False) -> JointGraph:
     """`n_blocks` copies of one random residual block (like transformer layers), then a head; the
     backward reads the saved tensors last layer first. Activations dominate the step's memory
-    (as in a transformer) with large `inner_numels` and small `grad_numels`."""
+    (as in a transformer) with large `inner_numels` and small `grad_numels`. With
+    `gathered_weights`, each block's first op also reads its layer's weight, gathered from a shard
+    by an async collective issued at the forward's start, as Thunder orders FSDP's all-gathers, and
+    the backward repeats per layer (`core.layers.find_layers` finds the layers and the gathers as
+    their satellites)."""
     rng = random.Random(seed)
     choices = (("mul", "add", "exp"), (0, 1, 2), inner_numels)
     recipe = [tuple(rng.choice(c) for c in choices) for _ in range(block_ops)]
     b = _Builder()
     stream = b.input("x", 256)
     saved = []
+    weights = []
+    for layer in range(n_blocks if gathered_weights else 0):
+        shard = b.input(f"w{layer}_shard", 64)
+        weight = b.tensor(f"w{layer}", 256, "forward")
+        b.forward("all_gather", [shard], [weight], tags={"collective", "holds_inputs"}, taggable=False, reason="collective")
+        weights.append(weight)
     for layer in range(n_blocks):
         local = [stream]
         for j, (symbol, back, numel) in enumerate(recipe):
             args = [local[-1]] + ([local[-1 - back]] if back and len(local) > back else [])
+            args += [weights[layer]] if weights and j == 0 else []
             out = b.tensor(f"l{layer}_{j}", numel if j < block_ops - 1 else 256, "forward")
             b.forward(symbol, args, [out])
             local.append(out)
@@ -208,7 +222,7 @@ def stacked_blocks_graph(n_blocks: int, seed: int = 0, block_ops: int = 10, *,
     head = b.tensor("logits", 256, "forward")
     b.forward("mul", [stream], [head], targets=["p_logits"], taggable=False, reason=REASON_FORWARD_OUTPUT)
     saved = saved[::-1]
-    _backward_for(b, random.Random(seed), saved, head, grad_numels)
+    _backward_for(b, random.Random(seed), saved, head, grad_numels, periodic=gathered_weights)
     return b.graph(saved, [head])
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from remat_opt.core.layers import LayerError, op_signature_codes
+from remat_opt.core.layers import LayerError, find_layers, op_signature_codes
 from remat_opt.core.plan import RematPlan, derive
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.core.simulation import simulate_step
@@ -142,6 +142,7 @@ class Decomposition:
             plans the solver is never worse than.
         least_peak: the least-peak plan found (`least_peak_units`), once asked for.
         build_time_s: seconds spent building it.
+        keys: what places a simulated event in a region (`_RegionKeys`).
     """
 
     n_layers: int
@@ -155,6 +156,7 @@ class Decomposition:
     baselines: list = field(default_factory=list)
     least_peak: Evaluated | None = None
     build_time_s: float = 0.0
+    keys: _RegionKeys | None = None
 
     def entries(self, layer: int) -> int:
         return len(self.classes[self.class_of[layer]].menu)
@@ -276,11 +278,16 @@ class _RegionKeys:
         layer_of: forward op -> its layer.
         head_ops: forward ops after the last layer's forward (final norm, head, loss).
         backward_layer: backward op -> the highest layer whose forward tensors it reads (None: none).
+        satellites: forward ops outside the blocks that serve one layer (`core.layers`: an FSDP
+            weight's all-gather, wait and reshapes): they do not move the forward into their
+            layer's region. Thunder issues them early, some at the forward's start, which would put
+            every later forward event in the last layer's region.
     """
 
     layer_of: dict[str, int]
     head_ops: frozenset[str]
     backward_layer: dict[str, int | None]
+    satellites: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, graph, layer_of: dict[str, int], n_layers: int) -> _RegionKeys:
@@ -291,7 +298,11 @@ class _RegionKeys:
         for op in graph.backward_ops:
             read = [layer_of.get(producers[n].name) for n in op.inputs if n in producers]
             backward[op.name] = max((k for k in read if k is not None), default=None)
-        return cls(layer_of, head, backward)
+        try:
+            satellites = frozenset(find_layers(graph).satellite_layer)
+        except LayerError:  # `forward_layers` fell back to the forward's blocks: no satellites
+            satellites = frozenset()
+        return cls(layer_of, head, backward, satellites)
 
 
 def _regions(labels: tuple[str, ...], keys: _RegionKeys, n_layers: int) -> np.ndarray:
@@ -312,7 +323,7 @@ def _regions(labels: tuple[str, ...], keys: _RegionKeys, n_layers: int) -> np.nd
             if read is not None:
                 region = min(region, read)
         else:
-            op_layer = keys.layer_of.get(label)
+            op_layer = None if label in keys.satellites else keys.layer_of.get(label)
             if op_layer is not None:
                 region = max(region, op_layer)
             elif region == n_layers - 1 and label in keys.head_ops:
@@ -367,11 +378,11 @@ def _decompose(problem: RecomputeProblem, options: LayeredOptions) -> Decomposit
     whole_plans = tuple(dict.fromkeys(found.units for name, found in baselines if name == MINCUT))
     classes = [_menu(problem, c, options, whole_plans) for c in classes]
     class_of = {k: i for i, c in enumerate(classes) for k in c.layers}
-    decomposition = Decomposition(n_layers, classes, class_of, baselines=baselines)
+    keys = _RegionKeys.of(problem.graph, layer_of, n_layers)
+    decomposition = Decomposition(n_layers, classes, class_of, baselines=baselines, keys=keys)
     saved = {k: [0] * len(classes[class_of[k]].menu) for k in range(n_layers)}
     excess = {k: [0] * len(classes[class_of[k]].menu) for k in range(n_layers)}
     head, outside = [], []
-    keys = _RegionKeys.of(problem.graph, layer_of, n_layers)
     for entry in range(max(len(c.menu) for c in classes)):
         # one simulation for the entry-th plan of every class (the last one where a menu is shorter)
         picks = {i: min(entry, len(c.menu) - 1) for i, c in enumerate(classes)}
@@ -394,58 +405,77 @@ def _decompose(problem: RecomputeProblem, options: LayeredOptions) -> Decomposit
 # --------------------------------------------------------------------------------------------
 
 
-def _chain(decomposition: Decomposition, model_peak_bytes: int | None, activation_budget_bytes: int | None,
+def _chain(decomposition: Decomposition, region_peak_bytes: np.ndarray | None, activation_budget_bytes: int | None,
            buckets: int, minimise_peak: bool = False) -> list[int] | None:
-    """One menu entry per layer: least total time with every region's estimated live bytes at most
-    `model_peak_bytes` and the saved bytes within `activation_budget_bytes` (or, `minimise_peak`,
-    the least estimated peak); None when no choice fits."""
+    """One menu entry per layer: least total time with each region's estimated live bytes at most
+    its entry of `region_peak_bytes` (layers, then the head) and the saved bytes within
+    `activation_budget_bytes` (or, `minimise_peak`, the least estimated peak); None when no choice
+    fits.
+
+    A dynamic program over the layers in forward order whose state is the bytes saved so far,
+    in `buckets` steps up to the budget. Each bucket keeps one path (the least time, then the
+    fewest bytes) with its exact saved bytes, and every check uses them: a path's estimated peak
+    is exact (no rounding up per layer, which at 80 layers cost a step per layer, enough to rule
+    out every plan but the baselines at the least peaks); merging paths in a bucket is the only
+    approximation."""
     d = decomposition
     n = d.n_layers
     total_max = sum(max(d.saved_bytes[k]) for k in range(n))
-    limit = max(total_max, 1) if model_peak_bytes is None else max(model_peak_bytes, 1)
+    limit = max(total_max, 1) if region_peak_bytes is None else max(int(region_peak_bytes.max()), 1)
     step = max(1, math.ceil(limit / buckets))
     size = limit // step + 2
-    inf = np.inf
-    value = np.full(size, inf)
+    value = np.full(size, np.inf)
     value[0] = 0.0
-    choices = []
+    exact = np.zeros(size, dtype=np.int64)  # saved bytes of each bucket's path
     index = np.arange(size)
+    choices, sources = [], []
     for k in range(n):
-        new = np.full(size, inf)
+        new = np.full(size, np.inf)
+        new_exact = np.zeros(size, dtype=np.int64)
         choice = np.full(size, -1, dtype=np.int32)
+        source = np.full(size, -1, dtype=np.int64)
         for entry in range(d.entries(k)):
-            shift = -(-d.saved_bytes[k][entry] // step)
-            if shift >= size:
-                continue
-            source = value[: size - shift]
-            peak_here = index[: size - shift] * step + d.excess_bytes[k][entry]
+            saved = d.saved_bytes[k][entry]
+            reached = exact + saved
             if minimise_peak:
-                candidate = np.maximum(source, peak_here)
+                candidate = np.maximum(value, exact + d.excess_bytes[k][entry])
             else:
-                candidate = source + d.time_s(k, entry)
-                if model_peak_bytes is not None:
-                    candidate = np.where(peak_here <= model_peak_bytes, candidate, inf)
-            target = new[shift:]
-            better = candidate < target
-            target[better] = candidate[better]
-            choice[shift:][better] = entry
-        value, choices = new, [*choices, choice]
-    totals = index * step
+                candidate = value + d.time_s(k, entry)
+                if region_peak_bytes is not None:
+                    candidate = np.where(exact + d.excess_bytes[k][entry] <= region_peak_bytes[k], candidate, np.inf)
+            target = reached // step
+            for shift in _shifts(saved, step):
+                rows = np.flatnonzero((target - index == shift) & np.isfinite(candidate))
+                rows = rows[rows + shift < size]
+                if not len(rows):
+                    continue
+                to = rows + shift
+                better = (candidate[rows] < new[to]) | ((candidate[rows] == new[to]) & (reached[rows] < new_exact[to]))
+                to, rows = to[better], rows[better]
+                new[to], new_exact[to], choice[to], source[to] = candidate[rows], reached[rows], entry, rows
+        value, exact = new, new_exact
+        choices.append(choice)
+        sources.append(source)
     if minimise_peak:
-        value = np.maximum(value, totals + d.head_excess_bytes)
-    elif model_peak_bytes is not None:
-        value = np.where(totals + d.head_excess_bytes <= model_peak_bytes, value, inf)
+        value = np.maximum(value, exact + d.head_excess_bytes)
+    elif region_peak_bytes is not None:
+        value = np.where(exact + d.head_excess_bytes <= region_peak_bytes[n], value, np.inf)
     if activation_budget_bytes is not None:
-        value = np.where(totals + d.outside_saved_bytes <= activation_budget_bytes, value, inf)
+        value = np.where(exact + d.outside_saved_bytes <= activation_budget_bytes, value, np.inf)
     if not np.isfinite(value).any():
         return None
     bucket = int(np.argmin(value))
     picked = [0] * n
     for k in range(n - 1, -1, -1):
-        entry = int(choices[k][bucket])
-        picked[k] = entry
-        bucket -= -(-d.saved_bytes[k][entry] // step)
+        picked[k] = int(choices[k][bucket])
+        bucket = int(sources[k][bucket])
     return picked
+
+
+def _shifts(saved_bytes: int, step: int) -> tuple[int, int]:
+    """The bucket shifts adding `saved_bytes` can make: a path's exact bytes lie anywhere in its
+    bucket, so the sum lands ``saved // step`` or one more buckets up."""
+    return saved_bytes // step, saved_bytes // step + 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -455,26 +485,24 @@ def _chain(decomposition: Decomposition, model_peak_bytes: int | None, activatio
 
 def _chain_plans(problem: RecomputeProblem, decomposition: Decomposition, budgets: Budgets,
                  options: LayeredOptions) -> list[Evaluated]:
-    """The chain's plans under the budgets: the model peak lowered by each simulated overshoot,
-    then raised halfway back towards the last overshooting value while plans fit."""
-    evaluated = []
-    model_peak, high = budgets.peak_bytes, None
+    """The chain's plans under the budgets. Each plan is simulated; a region whose live bytes
+    overshoot the peak budget has its budget in the chain lowered by the overshoot, and the chain
+    is solved again (at most `max_rounds` times), until a plan fits. A region's estimate can miss
+    in a mixed plan (the profiles put every layer of a class on one entry): under FSDP, the
+    re-gather of the next layer in the backward is prefetched into this layer's region."""
+    d, evaluated = decomposition, []
+    region_peak = None if budgets.peak_bytes is None else np.full(d.n_layers + 1, budgets.peak_bytes, dtype=np.int64)
     for _ in range(options.max_rounds):
-        choice = _chain(decomposition, model_peak, budgets.activation_bytes, options.chain_buckets)
+        choice = _chain(d, region_peak, budgets.activation_bytes, options.chain_buckets)
         if choice is None:
             break
-        found = evaluate_units(problem, decomposition.units(choice))
-        evaluated.append(found)
-        if budgets.peak_bytes is None:
+        units = problem.effective_units(d.units(choice))
+        layer_saved, layer_excess, _ = _profile(problem, d.n_layers, d.keys, units)
+        live = np.concatenate(([0], np.cumsum(layer_saved)))[: d.n_layers + 1] + layer_excess  # per region
+        evaluated.append(Evaluated(units, problem.saved_bytes(units), int(live.max()), problem.extra_time_s(units)))
+        if budgets.peak_bytes is None or live.max() <= budgets.peak_bytes:
             break
-        over = found.peak_bytes - budgets.peak_bytes
-        if over > 0:
-            high = model_peak
-            model_peak -= over
-        elif high is None or high - model_peak <= max(1, budgets.peak_bytes // 2000):
-            break
-        else:
-            model_peak = (model_peak + high) // 2
+        region_peak -= np.maximum(0, live - budgets.peak_bytes)
     return evaluated
 
 

@@ -158,7 +158,31 @@ def _forward_storage_spans(graph: JointGraph) -> tuple[dict[str, int], dict[str,
                 continue
             first.setdefault(storage, i)
             last[storage] = max(last.get(storage, i), n_fwd - 1 if name in outputs else i)
+    # An async collective's inputs live until its outputs (futures) are last used: the wait.
+    used: dict[str, int] = {}
+    for i, op in enumerate(graph.forward_ops):
+        for name in (*op.inputs, *op.outputs):
+            used[name] = n_fwd - 1 if name in outputs else i
+    extend_held_reads(graph.forward_ops, used)
+    for op in graph.forward_ops:
+        if "holds_inputs" in op.op_tags:
+            for name in op.inputs:
+                if tensors[name].storage in first:
+                    last[tensors[name].storage] = max(last[tensors[name].storage], used[name])
     return first, last
+
+
+def extend_held_reads(ops, last_read: dict[str, int]) -> None:
+    """Extends `last_read` (tensor -> index of its last read among `ops`) of each input of an async
+    collective (``"holds_inputs"``) to its outputs' last read: the backend reads the input until
+    the future's wait (`core.simulation` holds it as long). In reverse order, so that a chain of
+    holds extends to its last wait."""
+    for op in reversed(ops):
+        if "holds_inputs" in op.op_tags:
+            until = max((last_read[o] for o in op.outputs if o in last_read), default=-1)
+            for name in op.inputs:
+                if name in last_read:
+                    last_read[name] = max(last_read[name], until)
 
 
 def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -195,6 +219,7 @@ def _backward_spans(graph: JointGraph, n_fwd: int):
             born.setdefault(name, j)
     for name in born:  # unread backward tensors (gradients) live to the end
         last_read.setdefault(name, end)
+    extend_held_reads(graph.backward_ops, last_read)
     spans: dict[str, list[tuple[int, int]]] = {}
     for name, last in last_read.items():
         storage = tensors[name].storage

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from remat_opt.core.problem import RecomputeProblem
+from remat_opt.solvers.peak_model import extend_held_reads
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class BackwardReads:
             for name in op.inputs:
                 first.setdefault(name, j)
                 last[name] = j
+        extend_held_reads(problem.graph.backward_ops, last)
         op_first = {}
         for op in problem.graph.forward_ops:
             reads = [first[o] for o in op.outputs if o in first]

@@ -3,8 +3,10 @@ by simulation, with a certified gap from a CP-SAT relaxation."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
+import numpy as np
 import pytest
 
 from remat_opt.core.errors import InfeasibleBudgetError
@@ -12,11 +14,13 @@ from remat_opt.core.layers import LayerError
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.planning.planner import AUTO_LAYERED_MIN_LAYERS, resolve_solver
 from remat_opt.solvers import SOLVERS, ILPOptions, LayeredOptions, solve_ilp, solve_layered
-from remat_opt.solvers.layered import decomposition_of, least_peak_units
+from remat_opt.core.simulation import simulate_step
+from remat_opt.solvers.baselines import forward_layers
+from remat_opt.solvers.layered import Decomposition, LayerClass, _chain, _regions, decomposition_of, least_peak_units
 from remat_opt.solvers._common import Budgets
 from remat_opt.solvers.pareto import PEAK, sweep_budgets, sweep_points
 from remat_opt.solvers.time_bound import knapsack_time_bound
-from synthetic import chain_graph, random_problem, stacked_blocks_graph
+from synthetic import chain_graph, proxy_op_time_s, random_problem, stacked_blocks_graph
 
 # Activations dominate the step (large block tensors, small gradients), as in a transformer.
 ACTIVATION_HEAVY = {"inner_numels": (512, 1024, 2048), "grad_numels": (16, 64)}
@@ -172,3 +176,73 @@ def test_the_knapsack_bound_never_exceeds_the_exact_optimum(seed):
         assert bound_s is not None, (seed, budgets)
         if exact.status == "optimal":
             assert bound_s <= exact.extra_time_s + 1e-12, (seed, budgets, bound_s, exact.extra_time_s)
+
+
+def _synthetic_decomposition(rng: random.Random, n_layers: int, n_entries: int) -> Decomposition:
+    """A decomposition of one class with random (saved, excess, time) menu entries."""
+    entries = [(rng.randint(50, 200), rng.randint(300, 2000), rng.randint(1, 40) * 1e-6) for _ in range(n_entries)]
+    layer_class = LayerClass(layers=tuple(range(n_layers)), representative=0, units={k: () for k in range(n_layers)},
+                             menu=tuple(() for _ in entries))
+    return Decomposition(
+        n_layers, [layer_class], {k: 0 for k in range(n_layers)},
+        saved_bytes={k: [s for s, _, _ in entries] for k in range(n_layers)},
+        layer_time_s={k: [t for _, _, t in entries] for k in range(n_layers)},
+        excess_bytes={k: [e for _, e, _ in entries] for k in range(n_layers)},
+        head_excess_bytes=rng.randint(0, 500))
+
+
+def _estimated_peak(d: Decomposition, choice: list[int]) -> int:
+    prefix, peak = 0, 0
+    for k, entry in enumerate(choice):
+        peak = max(peak, prefix + d.excess_bytes[k][entry])
+        prefix += d.saved_bytes[k][entry]
+    return max(peak, prefix + d.head_excess_bytes)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_chain_is_exact_at_byte_resolution_and_never_over_budget_when_coarse(seed):
+    """Against every choice of 3 entries for 4 layers: with one bucket per byte the chain's plan is
+    the fastest within the budget; with 8 buckets its plan's estimated peak still fits (each
+    bucket keeps a path with its exact bytes; rounding up per layer used to rule plans out)."""
+    rng = random.Random(seed)
+    d = _synthetic_decomposition(rng, 4, 3)
+    peaks = sorted({_estimated_peak(d, list(c)) for c in itertools.product(range(3), repeat=4)})
+    budget = peaks[rng.randrange(len(peaks))]
+    fitting = [c for c in itertools.product(range(3), repeat=4) if _estimated_peak(d, list(c)) <= budget]
+    best_s = min(sum(d.time_s(k, e) for k, e in enumerate(c)) for c in fitting)
+    regions = np.full(d.n_layers + 1, budget, dtype=np.int64)
+    exact = _chain(d, regions, None, buckets=budget + 1)
+    assert _estimated_peak(d, exact) <= budget
+    assert sum(d.time_s(k, e) for k, e in enumerate(exact)) == pytest.approx(best_s, abs=1e-15)
+    coarse = _chain(d, regions, None, buckets=8)
+    assert coarse is None or _estimated_peak(d, coarse) <= budget
+
+
+def test_the_chain_reaches_a_budget_that_rounding_up_per_layer_missed():
+    # 80 layers saving 101 B each at 8,879 B (79 x 101 + 900): with steps of 89 B, rounding up
+    # counted 178 B per layer and found nothing under the budget
+    layer_class = LayerClass(layers=tuple(range(80)), representative=0, units={k: () for k in range(80)}, menu=((), ()))
+    d = Decomposition(80, [layer_class], {k: 0 for k in range(80)},
+                      saved_bytes={k: [1000, 101] for k in range(80)}, layer_time_s={k: [0.0, 1e-6] for k in range(80)},
+                      excess_bytes={k: [900, 900] for k in range(80)})
+    budget = 79 * 101 + 900
+    choice = _chain(d, np.full(81, budget, dtype=np.int64), None, buckets=100)
+    assert choice == [1] * 80 and _estimated_peak(d, choice) == budget
+
+
+def test_hoisted_all_gathers_do_not_move_the_forward_into_the_last_layers_region():
+    """FSDP's all-gathers run at the forward's start (Thunder's order); they serve one layer each
+    (satellites) and must not put every later forward op in the last layer's region (which made
+    the chain's estimates of that region wrong by whole layers on 70B graphs)."""
+    graph = stacked_blocks_graph(5, seed=2, block_ops=12, gathered_weights=True, **ACTIVATION_HEAVY)
+    problem = RecomputeProblem.from_graph(graph, proxy_op_time_s(graph))
+    layer_of = forward_layers(graph)
+    assert {layer_of[op.name] for op in graph.forward_ops[:5]} == set(range(5))  # the gathers come first
+    decomposition = decomposition_of(problem, OPTIONS)
+    timeline = simulate_step(graph, by_kind=False)
+    regions = _regions(timeline.labels, decomposition.keys, decomposition.n_layers)
+    for op, region in zip(graph.forward_ops[5:], regions[5:]):
+        if op.name in layer_of:
+            assert region == layer_of[op.name], (op.name, region)
+    budget = (SOLVERS["per_block"](problem).peak_bytes + SOLVERS["save_all"](problem).peak_bytes) // 2
+    assert solve_layered(problem, peak_budget_bytes=budget, options=OPTIONS).peak_bytes <= budget
