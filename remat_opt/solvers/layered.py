@@ -12,13 +12,18 @@ never solve the whole graph at once.
 3. **Profiles.** One step simulation per (class, menu entry), every layer of the class on that
    entry: per layer, the bytes it saves (`S`) and the most live bytes in its region of the step
    beyond what earlier layers save (`H`, its forward and its backward with their recomputations).
+   A layer's forward region starts at its block's first op: FSDP's all-gathers, which Thunder
+   issues early, serve their layer without moving the forward into its region.
 4. **Chain.** A dynamic program over the layers in forward order on the bytes saved so far
-   (discretised upwards, so conservative): each layer picks one entry of its class's menu so that
-   ``saved by earlier layers + H <= model peak`` in every region, the least total time wins; a
-   min-max variant of it gives the least-peak plan.
-5. **Check.** The plan is simulated; an overshoot lowers the model peak by it and the chain is
-   solved again. The fastest fitting plan of the chain, save-all, per-block checkpointing and a
-   min-cut sweep is returned: never worse than those baselines.
+   (in buckets, each keeping one path with its exact bytes): each layer picks one entry of its
+   class's menu so that ``saved by earlier layers + H <= region budget`` in every region, the
+   least total time wins; a min-max variant of it gives the least-peak plan, and the chain at
+   that peak its fastest plan there.
+5. **Check.** The plan is simulated; a region that overshoots the budget has its budget lowered
+   by the overshoot (mixed plans can miss the profiles: FSDP prefetches the next layer's
+   re-gather into a region) and the chain is solved again. The fastest fitting plan of the chain,
+   save-all, per-block checkpointing and a min-cut sweep is returned: never worse than those
+   baselines.
 6. **Bound.** A lower bound on the least recompute time of any plan under the budgets
    (`solvers.time_bound`): the largest of an LP over every event of the step (`solvers.lp_bound`),
    a fractional-knapsack bound over the peak model's events and, on graphs of fewer than
@@ -64,8 +69,9 @@ class LayeredOptions:
             save-all's, per-block's and the min-cut plans' own).
         menu_time_limit_s: CP-SAT limit per menu entry.
         chain_buckets: resolution of the chain's saved-bytes axis (the peak budget over this many
-            steps; sizes round up, so the chain is conservative by at most one step per layer).
-        max_rounds: most chain solves that lower the model peak after a simulated overshoot.
+            steps; each keeps the path of least time with its exact bytes, so estimates are exact
+            and only paths merged in a bucket are lost).
+        max_rounds: most chain solves that lower a region's budget after a simulated overshoot.
         bound_time_limit_s: CP-SAT limit for the lower bound (0: no bound, `gap` None).
         time_quantum_s: resolution of op times in CP-SAT.
         num_workers: CP-SAT workers for the bound (the menus use 1).
@@ -518,6 +524,9 @@ def _least_peak(problem: RecomputeProblem, decomposition: Decomposition, options
         candidates = [found for _, found in decomposition.baselines]
         if choice is not None:
             candidates.append(evaluate_units(problem, decomposition.units(choice)))
+        least = min(candidates, key=lambda e: (e.peak_bytes, e.extra_time_s))
+        # the fastest plan the chain finds at that peak (the min-max chain only minimises the peak)
+        candidates += _chain_plans(problem, decomposition, Budgets(None, least.peak_bytes), options)
         decomposition.least_peak = min(candidates, key=lambda e: (e.peak_bytes, e.extra_time_s))
     return decomposition.least_peak
 
