@@ -69,6 +69,10 @@ class PlanRequest:
             the same plan at every solve of one graph, which a search through dry runs needs (with
             8 workers, equal-time plans came back in turn and one step-peak budget of a 7B layer
             took 5, 7 or 7 dry runs in three compilations; deterministic, 5 each time).
+        minimum_peak_tolerance: `ILPOptions.minimum_peak_tolerance`: how close to its proven floor
+            the least peak an infeasible budget's error names must be (0: to the byte). A search
+            through dry runs only needs the floor: an infeasible probe of a 7B layer cost 10.6 s
+            bisecting to the byte.
     """
 
     peak_budget_bytes: int | None = None
@@ -81,6 +85,7 @@ class PlanRequest:
     region_graph: JointGraph | None = field(default=None, compare=False, repr=False)
     fixed_tag_targets: tuple[str, ...] | None = None
     deterministic: bool = False
+    minimum_peak_tolerance: float = 0.0
 
     @classmethod
     def from_gb(cls, *, budget_gb=None, activation_budget_gb=None, **kwargs) -> PlanRequest:
@@ -212,7 +217,8 @@ def solver_options(request: PlanRequest, solver: str):
         return BaselineOptions()
     if solver == "layered":  # half the time limit for the lower bound behind its certified gap
         return LayeredOptions(bound_time_limit_s=request.time_limit_s / 2)
-    return ILPOptions(time_limit_s=request.time_limit_s, deterministic=request.deterministic)
+    return ILPOptions(time_limit_s=request.time_limit_s, deterministic=request.deterministic,
+                      minimum_peak_tolerance=request.minimum_peak_tolerance)
 
 
 def _zero_time_plan(problem: RecomputeProblem, costs: CostModel, request: PlanRequest) -> RematPlan:

@@ -108,3 +108,18 @@ def test_the_least_peak_is_searched_once_per_problem_and_options(monkeypatch):
     assert minimum_peak(problem, options) is first and not solves
     minimum_peak(problem, ILPOptions(time_limit_s=1.0, tie_blocks=False))
     assert solves
+
+
+def test_a_tolerance_stops_the_least_peak_search_within_it(monkeypatch):
+    """`minimum_peak_tolerance`: the bisection stops once the least peak found is within that
+    fraction of its floor (a search through a fusion pass needs a floor, not the byte), so the
+    least found is within it of the exact search's, with fewer solves."""
+    graph = stacked_blocks_graph(6)
+    problem = RecomputeProblem.from_graph(graph, proxy_op_time_s(graph))
+    exact, exact_solves = _least_peak_and_solves(problem, ILPOptions(time_limit_s=5.0, tie_blocks=False), monkeypatch, 0)
+    assert exact.lower_bytes == exact.best_bytes  # proven: the least peak
+    tolerance = 0.05
+    loose, loose_solves = _least_peak_and_solves(
+        problem, ILPOptions(time_limit_s=5.0, tie_blocks=False, minimum_peak_tolerance=tolerance), monkeypatch, 0)
+    assert loose.lower_bytes <= exact.best_bytes <= loose.best_bytes <= exact.best_bytes / (1 - tolerance)
+    assert len(loose_solves) < len(exact_solves)
