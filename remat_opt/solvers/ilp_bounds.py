@@ -71,9 +71,10 @@ def minimum_peak(problem: RecomputeProblem, options: ILPOptions = ILPOptions()) 
     lower bound and its plan's units.
 
     A lower bound from the peak model; the best of its plan, the baselines and a min-cut sweep;
-    then bisection on the peak budget with the ILP as the feasibility oracle, until the two meet
-    (within `ILPOptions.minimum_peak_tolerance`) or the time limit passes. Deterministic, so kept per problem and options: a search that asks
-    several infeasible budgets (`planning.fusion_search`) pays for it once.
+    then bisection on the peak budget with the ILP as the feasibility oracle (each probe within an
+    eighth of the limit), until the two meet (within `ILPOptions.minimum_peak_tolerance`) or the
+    time limit passes. Deterministic, so kept per problem and options: a search that asks several
+    infeasible budgets (`planning.fusion_search`) pays for it once.
     """
     options = replace(options, deterministic=True)  # the same minimum on every rank and every rerun
     known = _MINIMA.setdefault(problem, {})
