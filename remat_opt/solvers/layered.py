@@ -493,11 +493,17 @@ def _chain_plans(problem: RecomputeProblem, decomposition: Decomposition, budget
                  options: LayeredOptions) -> list[Evaluated]:
     """The chain's plans under the budgets. Each plan is simulated; a region whose live bytes
     overshoot the peak budget has its budget in the chain lowered by the overshoot, and the chain
-    is solved again (at most `max_rounds` times), until a plan fits. A region's estimate can miss
-    in a mixed plan (the profiles put every layer of a class on one entry): under FSDP, the
-    re-gather of the next layer in the backward is prefetched into this layer's region."""
+    is solved again; once a plan fits, the lowered budgets are raised halfway back towards where
+    their region last overshot, while plans fit (at most `max_rounds` solves in all). A region's
+    estimate can miss in a mixed plan (the profiles put every layer of a class on one entry): under
+    FSDP, the re-gather of the next layer in the backward is prefetched into this layer's region."""
     d, evaluated = decomposition, []
-    region_peak = None if budgets.peak_bytes is None else np.full(d.n_layers + 1, budgets.peak_bytes, dtype=np.int64)
+    if budgets.peak_bytes is None:
+        choice = _chain(d, None, budgets.activation_bytes, options.chain_buckets)
+        return [] if choice is None else [evaluate_units(problem, d.units(choice))]
+    region_peak = np.full(d.n_layers + 1, budgets.peak_bytes, dtype=np.int64)
+    overshot_at = np.full(d.n_layers + 1, -1, dtype=np.int64)  # per region: the budget it last overshot
+    resolution = max(1, budgets.peak_bytes // 2000)
     for _ in range(options.max_rounds):
         choice = _chain(d, region_peak, budgets.activation_bytes, options.chain_buckets)
         if choice is None:
@@ -506,9 +512,15 @@ def _chain_plans(problem: RecomputeProblem, decomposition: Decomposition, budget
         layer_saved, layer_excess, _ = _profile(problem, d.n_layers, d.keys, units)
         live = np.concatenate(([0], np.cumsum(layer_saved)))[: d.n_layers + 1] + layer_excess  # per region
         evaluated.append(Evaluated(units, problem.saved_bytes(units), int(live.max()), problem.extra_time_s(units)))
-        if budgets.peak_bytes is None or live.max() <= budgets.peak_bytes:
+        over = live - budgets.peak_bytes
+        if over.max() > 0:
+            overshot_at = np.where(over > 0, region_peak, overshot_at)
+            region_peak = region_peak - np.maximum(0, over)
+            continue
+        raise_ = (overshot_at >= 0) & (overshot_at - region_peak > resolution)
+        if not raise_.any():
             break
-        region_peak -= np.maximum(0, live - budgets.peak_bytes)
+        region_peak = np.where(raise_, (region_peak + overshot_at) // 2, region_peak)
     return evaluated
 
 
