@@ -206,7 +206,8 @@ def stacked_blocks_graph(n_blocks: int, seed: int = 0, block_ops: int = 10, *,
     for layer in range(n_blocks if gathered_weights else 0):
         shard = b.input(f"w{layer}_shard", 64)
         weight = b.tensor(f"w{layer}", 256, "forward")
-        b.forward("all_gather", [shard], [weight], tags={"collective", "holds_inputs"}, taggable=False, reason="collective")
+        b.forward("all_gather", [shard], [weight], tags={"collective", "holds_inputs"}, taggable=False,
+                  reason="collective")
         weights.append(weight)
     for layer in range(n_blocks):
         local = [stream]

@@ -113,14 +113,22 @@ def inside_units_by_layer(problem: RecomputeProblem, forward_layer: dict[str, in
 def forward_layers(graph) -> dict[str, int]:
     """Forward op name -> its layer: `find_layers`' blocks and satellites, or, in a graph whose
     backward does not repeat, the forward's repeated blocks alone."""
+    return forward_layers_and_satellites(graph)[0]
+
+
+def forward_layers_and_satellites(graph) -> tuple[dict[str, int], frozenset[str]]:
+    """`forward_layers`, and the forward ops among them that are satellites (outside the blocks,
+    serving one layer: an FSDP weight's all-gather; none where the backward does not repeat)."""
     try:
         layers = find_layers(graph)
-        return {op.name: layers.op_layer[op.name] for op in graph.forward_ops if op.name in layers.op_layer}
+        forward = {op.name: layers.op_layer[op.name] for op in graph.forward_ops if op.name in layers.op_layer}
+        return forward, frozenset(name for name in layers.satellite_layer if name in forward)
     except LayerError as e:
         run = find_repeated_blocks(graph)
         if run is None:
             raise LayerError(f"per-block checkpointing needs the graph's repeated layers: {e}") from e
-    return {op.name: run.block_of(i) for i, op in enumerate(graph.forward_ops) if run.block_of(i) is not None}
+    blocks = {op.name: run.block_of(i) for i, op in enumerate(graph.forward_ops) if run.block_of(i) is not None}
+    return blocks, frozenset()
 
 
 def solve_per_block(

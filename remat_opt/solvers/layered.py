@@ -44,13 +44,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from remat_opt.core.layers import LayerError, find_layers, op_signature_codes
+from remat_opt.core.layers import LayerError, op_signature_codes
 from remat_opt.core.plan import RematPlan, derive
 from remat_opt.core.problem import RecomputeProblem
 from remat_opt.core.simulation import simulate_step
 from remat_opt.solvers._clock import Clock
 from remat_opt.solvers._common import Budgets, Evaluated, InfeasibleBudgetError, checked, evaluate_units
-from remat_opt.solvers.baselines import forward_layers, inside_units_by_layer
+from remat_opt.solvers.baselines import forward_layers_and_satellites, inside_units_by_layer
 from remat_opt.solvers.blocks import Ties, choose_ties
 from remat_opt.solvers.ilp_model import ILPModel, ILPOptions
 from remat_opt.solvers.ilp_bounds import minimum_saved_bytes
@@ -296,7 +296,8 @@ class _RegionKeys:
     satellites: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, graph, layer_of: dict[str, int], n_layers: int) -> _RegionKeys:
+    def of(cls, graph, layer_of: dict[str, int], n_layers: int,
+           satellites: frozenset[str] = frozenset()) -> _RegionKeys:
         producers = graph.producers
         last = max((op.index for op in graph.forward_ops if layer_of.get(op.name) == n_layers - 1), default=-1)
         head = frozenset(op.name for op in graph.forward_ops if op.index > last and op.name not in layer_of)
@@ -304,10 +305,6 @@ class _RegionKeys:
         for op in graph.backward_ops:
             read = [layer_of.get(producers[n].name) for n in op.inputs if n in producers]
             backward[op.name] = max((k for k in read if k is not None), default=None)
-        try:
-            satellites = frozenset(find_layers(graph).satellite_layer)
-        except LayerError:  # `forward_layers` fell back to the forward's blocks: no satellites
-            satellites = frozenset()
         return cls(layer_of, head, backward, satellites)
 
 
@@ -378,13 +375,13 @@ def _baselines(problem: RecomputeProblem, inside: tuple[str, ...]) -> list[tuple
 
 def _decompose(problem: RecomputeProblem, options: LayeredOptions) -> Decomposition:
     start = time.perf_counter()
-    layer_of = forward_layers(problem.graph)
+    layer_of, satellites = forward_layers_and_satellites(problem.graph)
     n_layers, classes = _layer_classes(problem, layer_of)
     baselines = _baselines(problem, tuple(u for c in classes for k in c.layers for u in c.units[k]))
     whole_plans = tuple(dict.fromkeys(found.units for name, found in baselines if name == MINCUT))
     classes = [_menu(problem, c, options, whole_plans) for c in classes]
     class_of = {k: i for i, c in enumerate(classes) for k in c.layers}
-    keys = _RegionKeys.of(problem.graph, layer_of, n_layers)
+    keys = _RegionKeys.of(problem.graph, layer_of, n_layers, satellites)
     decomposition = Decomposition(n_layers, classes, class_of, baselines=baselines, keys=keys)
     saved = {k: [0] * len(classes[class_of[k]].menu) for k in range(n_layers)}
     excess = {k: [0] * len(classes[class_of[k]].menu) for k in range(n_layers)}
