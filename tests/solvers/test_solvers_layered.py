@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -246,3 +247,29 @@ def test_hoisted_all_gathers_do_not_move_the_forward_into_the_last_layers_region
             assert region == layer_of[op.name], (op.name, region)
     budget = (SOLVERS["per_block"](problem).peak_bytes + SOLVERS["save_all"](problem).peak_bytes) // 2
     assert solve_layered(problem, peak_budget_bytes=budget, options=OPTIONS).peak_bytes <= budget
+
+
+def test_only_an_overshooting_regions_budget_is_lowered_then_raised_back_while_plans_fit(monkeypatch):
+    """`_chain_plans` against a scripted simulation: region 1 overshoots a 120 B budget by 30 B, so
+    the next chain gets 90 B there and 120 B elsewhere; once a plan fits, region 1's budget is
+    raised halfway back towards where it overshot (105 B), and so on while plans fit."""
+    import remat_opt.solvers.layered as layered
+
+    d = _synthetic_decomposition(random.Random(0), 3, 2)
+    budgets_seen = []
+
+    def chain(decomposition, region_peak_bytes, activation_budget_bytes, buckets, minimise_peak=False):
+        budgets_seen.append(region_peak_bytes.tolist())
+        return [0, 0, 0]
+
+    lives = [[100, 150, 90, 80]] + [[100, 95, 90, 80]] * 10  # live bytes per region (3 layers, the head)
+
+    def profile(problem, n_layers, keys, units):  # nothing saved: each region's live bytes are its excess
+        return np.zeros(n_layers, dtype=np.int64), np.array(lives[len(budgets_seen) - 1]), 0
+
+    monkeypatch.setattr(layered, "_chain", chain)
+    monkeypatch.setattr(layered, "_profile", profile)
+    problem = SimpleNamespace(effective_units=tuple, saved_bytes=lambda units: 0, extra_time_s=lambda units: 0.0)
+    plans = layered._chain_plans(problem, d, Budgets(None, 120), LayeredOptions(max_rounds=4))
+    assert budgets_seen == [[120, 120, 120, 120], [120, 90, 120, 120], [120, 105, 120, 120], [120, 112, 120, 120]]
+    assert [p.peak_bytes for p in plans] == [150, 100, 100, 100]
