@@ -230,7 +230,7 @@ def _zero_time_plan(problem: RecomputeProblem, costs: CostModel, request: PlanRe
     # members', not the region op's own `tag_units`) is pinned
     paid_targets = {name for name, unit in problem.units.items() if any(op not in free for op in unit.ops)}
     problem = RecomputeProblem.from_graph(graph, problem.op_time_s, pinned=paid_targets)
-    options = ILPOptions(time_limit_s=request.time_limit_s, deterministic=request.deterministic)
+    options = solver_options(request, "ilp")
     floor_bytes = minimum_saved_bytes(problem, options)
     return SOLVERS["ilp"](problem, activation_budget_bytes=floor_bytes, options=options)
 
