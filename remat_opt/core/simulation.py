@@ -14,7 +14,8 @@ baseline. What is recomputed and saved comes from `remat_opt.core.plan.derive`.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, replace
 
 from remat_opt.core.graph import JointGraph, OpNode
 from remat_opt.core.plan import Derivation, derive, RematPlan
@@ -58,165 +59,245 @@ def round_up_bytes(n_bytes: int, granularity_bytes: int) -> int:
     return -(-n_bytes // granularity_bytes) * granularity_bytes
 
 
+_SAVED, _TRANSIENT, _BACKWARD, _RECOMPUTED, _WORKSPACE = 1, 2, 3, 4, 5  # indices into MEMORY_KINDS
+
+
+@dataclass(frozen=True, slots=True)
+class _Op:
+    """One op with tensors as integer ids (`_Index.ids`), as the simulation walks it.
+
+    Attributes:
+        label: the event's label (``"recompute:fwdN"`` for a forward op rerun in the backward).
+        inputs: input ids, repeats kept.
+        outputs: output ids.
+        touched: inputs, then outputs, each once: what may die after the op.
+        forward_outputs: ``(output, storage, storage bytes)`` of outputs not aliasing an input or
+            parameter (a forward op run in the forward: its storage is the key).
+        backward_outputs: ``(output, storage bytes, inputs aliasing its storage)`` likewise, for a
+            run in the backward (a fresh output is its own key; a view takes its aliased input's).
+        forward_dying: (forward ops) the touched tensors whose last forward use this is.
+        holds_inputs: an async collective (see `OpNode.op_tags`).
+        workspace_bytes: see `OpNode.workspace_bytes`.
+    """
+
+    label: str
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    touched: tuple[int, ...]
+    forward_outputs: tuple[tuple[int, int, int], ...]
+    backward_outputs: tuple[tuple[int, int, tuple[int, ...]], ...]
+    forward_dying: tuple[int, ...]
+    holds_inputs: bool
+    workspace_bytes: int
+
+
+class _Index:
+    """What the simulation needs of a graph, whatever the plan, with tensors as integer ids (built
+    once per graph; `_index_of`). A tensor's id is its position in `graph.tensors`; a storage's key
+    is its owner's id, a storage the backward recomputes is keyed ``id + n_tensors``."""
+
+    def __init__(self, graph: JointGraph):
+        tensors = graph.tensors
+        self.ids = {name: i for i, name in enumerate(tensors)}
+        self.n_tensors = len(self.ids)
+        ids = self.ids
+        last: dict[str, int] = {}
+        for i, op in enumerate(graph.forward_ops):
+            for name in (*op.outputs, *op.inputs):
+                last[name] = i
+        self.forward = [self._op(graph, op, op.name, [ids[n] for n in dict.fromkeys((*op.inputs, *op.outputs))
+                                                      if last[n] == i])
+                        for i, op in enumerate(graph.forward_ops)]
+        self.rerun = {op.name: replace(self.forward[i], label=f"recompute:{op.name}")
+                      for i, op in enumerate(graph.forward_ops)}
+        self.backward = [self._op(graph, op, op.name, []) for op in graph.backward_ops]
+        self.forward_outputs = [ids[n] for n in graph.forward_output_names]
+        self.cotangents = sorted({ids[n] for op in graph.backward_ops for n in op.inputs if tensors[n].kind == "cotangent"})
+        self.storage = [ids[t.storage] for t in tensors.values()]
+        self.storage_bytes = [tensors[t.storage].storage_bytes for t in tensors.values()]
+
+    def _op(self, graph: JointGraph, op: OpNode, label: str, dying: list[int]) -> _Op:
+        tensors, ids = graph.tensors, self.ids
+        fresh = [out for out in op.outputs if tensors[tensors[out].storage].kind != "input"]
+        forward_outputs = tuple((ids[out], ids[tensors[out].storage], tensors[tensors[out].storage].storage_bytes)
+                                for out in fresh)
+        backward_outputs = tuple(
+            (ids[out], tensors[tensors[out].storage].storage_bytes,
+             tuple(ids[n] for n in op.inputs if tensors[n].storage == tensors[out].storage)
+             if tensors[out].storage != out else ())
+            for out in fresh)
+        return _Op(label, tuple(ids[n] for n in op.inputs), tuple(ids[n] for n in op.outputs),
+                   tuple(ids[n] for n in dict.fromkeys((*op.inputs, *op.outputs))), forward_outputs,
+                   backward_outputs, tuple(dying), "holds_inputs" in op.op_tags, op.workspace_bytes)
+
+
+_INDICES: dict[int, _Index] = {}  # id(graph) -> its _Index, dropped when the graph dies
+
+
+def _index_of(graph: JointGraph) -> _Index:
+    index = _INDICES.get(id(graph))
+    if index is None:
+        index = _INDICES[id(graph)] = _Index(graph)
+        weakref.finalize(graph, _INDICES.pop, id(graph), None)
+    return index
+
+
 class _Live:
-    """Reference-counted live storages: a storage key costs its bytes while any tensor holds it."""
+    """Reference-counted live storages: a storage key costs its bytes while any tensor holds it,
+    and the events recorded so far."""
 
     def __init__(self, baseline_bytes: int, granularity_bytes: int = 1, by_kind: bool = True):
-        self.granularity_bytes, self.by_kind_on = granularity_bytes, by_kind
-        self.held: dict[str, list[str]] = {}  # holder tensor -> the references it holds (see `hold`)
-        self.key_of: dict[str, str] = {}
-        self.refs: dict[str, int] = {}
-        self.bytes_of: dict[str, int] = {}
-        self.kind_of: dict[str, str] = {}
-        self.by_kind = dict.fromkeys(MEMORY_KINDS, 0)
-        self.by_kind[MEMORY_KINDS[0]] = baseline_bytes
+        self.granularity_bytes = granularity_bytes
+        self.key_of: dict[int, int] = {}  # tensor -> the storage key it holds
+        self.held: dict[int, dict[int, int]] = {}  # holder tensor -> {tensor: key} it keeps alive (see `hold`)
+        self.refs: dict[int, int] = {}
+        self.bytes_of: dict[int, int] = {}
+        self.kind_of: dict[int, int] = {}
+        self.by_kind = [baseline_bytes] + [0] * (len(MEMORY_KINDS) - 1) if by_kind else None
         self.total = baseline_bytes
+        self.labels: list[str] = []
+        self.live_bytes: list[int] = []
+        self.kind_bytes: list[tuple[int, ...]] = []
 
-    def add(self, tensor: str, key: str, nbytes: int, kind: str) -> None:
+    def add(self, tensor: int, key: int, nbytes: int, kind: int) -> None:
         if tensor in self.key_of:
             self.remove(tensor)
         self.key_of[tensor] = key
+        self._reference(key, nbytes, kind)
+
+    def _reference(self, key: int, nbytes: int, kind: int) -> None:
         refs = self.refs.get(key, 0)
         if refs == 0:
             if self.granularity_bytes != 1:
                 nbytes = round_up_bytes(nbytes, self.granularity_bytes)
             self.total += nbytes
-            self.bytes_of[key] = nbytes
-            self.kind_of[key] = kind
-            self.by_kind[kind] += nbytes
+            self.bytes_of[key], self.kind_of[key] = nbytes, kind
+            if self.by_kind is not None:
+                self.by_kind[kind] += nbytes
         self.refs[key] = refs + 1
 
-    def hold(self, holder: str, tensors) -> None:
+    def _release(self, key: int) -> None:
+        refs = self.refs[key] - 1
+        self.refs[key] = refs
+        if refs == 0:
+            nbytes = self.bytes_of.pop(key)
+            self.total -= nbytes
+            kind = self.kind_of.pop(key)
+            if self.by_kind is not None:
+                self.by_kind[kind] -= nbytes
+
+    def hold(self, holder: int, tensors: tuple[int, ...]) -> None:
         """`holder` keeps the live storages of `tensors` alive until it is removed itself (an async
         collective's future holds its inputs until the wait)."""
+        held = self.held.setdefault(holder, {})
         for tensor in tensors:
             key = self.key_of.get(tensor)
             if key is not None:
-                reference = f"{holder}^{tensor}"
-                self.add(reference, key, self.bytes_of[key], self.kind_of[key])
-                self.held.setdefault(holder, []).append(reference)
+                if tensor in held:
+                    self._release(held[tensor])
+                held[tensor] = key
+                self.refs[key] += 1
 
-    def remove(self, tensor: str) -> None:
-        if self.held:
-            for reference in self.held.pop(tensor, ()):
-                self.remove(reference)
+    def remove(self, tensor: int) -> None:
+        for key in self.held.pop(tensor, {}).values():
+            self._release(key)
         key = self.key_of.pop(tensor, None)
-        if key is None:
-            return
-        self.refs[key] -= 1
-        if self.refs[key] == 0:
-            nbytes = self.bytes_of.pop(key)
-            self.total -= nbytes
-            self.by_kind[self.kind_of.pop(key)] -= nbytes
+        if key is not None:
+            self._release(key)
 
-    def event(self, label: str, workspace_bytes: int = 0) -> tuple[str, int, tuple[int, ...]]:
-        """``(label, live bytes, live bytes by kind)`` now, with an op's workspace (no kinds when
-        `by_kind` is off)."""
-        if not self.by_kind_on:
-            return label, self.total + workspace_bytes, ()
-        kinds = tuple(self.by_kind[k] + (workspace_bytes if k == "workspace" else 0) for k in MEMORY_KINDS)
-        return label, self.total + workspace_bytes, kinds
+    def event(self, label: str, workspace_bytes: int = 0) -> None:
+        """Records the live bytes now, with an op's workspace."""
+        self.labels.append(label)
+        self.live_bytes.append(self.total + workspace_bytes)
+        if self.by_kind is not None:
+            kinds = self.by_kind.copy()
+            kinds[_WORKSPACE] += workspace_bytes
+            self.kind_bytes.append(tuple(kinds))
 
-
-def _hold_inputs(op: OpNode, live: _Live) -> None:
-    """An async collective's outputs (futures) keep its inputs alive until the wait."""
-    if "holds_inputs" in op.op_tags:
-        for out in op.outputs:
-            live.hold(out, op.inputs)
-
-
-def _forward_last_use(graph: JointGraph) -> dict[str, int]:
-    last: dict[str, int] = {}
-    for i, op in enumerate(graph.forward_ops):
-        for name in (*op.outputs, *op.inputs):
-            last[name] = i
-    return last
+    def run(self, op: _Op, outputs: list[tuple[int, int, int, int]]) -> None:
+        """One op: its `outputs` ``(tensor, key, bytes, kind)`` allocated, its futures holding its
+        inputs, then its event."""
+        for tensor, key, nbytes, kind in outputs:
+            self.add(tensor, key, nbytes, kind)
+        if op.holds_inputs:
+            for out in op.outputs:
+                self.hold(out, op.inputs)
+        self.event(op.label, op.workspace_bytes)
 
 
-def _simulate_forward(graph: JointGraph, saved: set[str], live: _Live, events: list) -> None:
+def _simulate_forward(index: _Index, saved: set[int], live: _Live) -> None:
     """Forward liveness: free after the last forward use unless saved; outputs to the end."""
-    tensors, keep = graph.tensors, saved | set(graph.forward_output_names)
-    saved_storages = {tensors[name].storage for name in saved}
-    last = _forward_last_use(graph)
-    for i, op in enumerate(graph.forward_ops):
-        for out in op.outputs:
-            storage = tensors[out].storage
-            if tensors[storage].kind != "input":
-                kind = "saved for backward" if storage in saved_storages else "forward transient"
-                live.add(out, storage, tensors[storage].storage_bytes, kind)
-        _hold_inputs(op, live)
-        events.append(live.event(op.name, op.workspace_bytes))
-        for name in dict.fromkeys((*op.inputs, *op.outputs)):
-            if last[name] == i and name not in keep:
-                live.remove(name)
-    for name in graph.forward_output_names:
-        if name not in saved:
-            live.remove(name)
+    keep = saved | set(index.forward_outputs)
+    saved_storages = {index.storage[t] for t in saved}
+    for op in index.forward:
+        live.run(op, [(out, key, nbytes, _SAVED if key in saved_storages else _TRANSIENT)
+                      for out, key, nbytes in op.forward_outputs])
+        for tensor in op.forward_dying:
+            if tensor not in keep:
+                live.remove(tensor)
+    for tensor in index.forward_outputs:
+        if tensor not in saved:
+            live.remove(tensor)
 
 
-def _backward_schedule(graph: JointGraph, demanded: Iterable[str]) -> list[tuple[OpNode, bool]]:
+def _backward_schedule(index: _Index, graph: JointGraph, demanded: Iterable[str]) -> list[tuple[_Op, bool]]:
     """Backward ops with demanded recomputed ops inserted right before their first consumer
     (depth-first: a recomputed op's recomputed inputs run before it)."""
     demanded = set(demanded)
     rec_producer = {}
     for op in graph.forward_ops:
         if op.name in demanded:
-            rec_producer.update(dict.fromkeys(op.outputs, op))
-    done: set[str] = set()
-    schedule: list[tuple[OpNode, bool]] = []
+            rerun = index.rerun[op.name]
+            rec_producer.update(dict.fromkeys(rerun.outputs, rerun))
     if not rec_producer:
-        return [(op, False) for op in graph.backward_ops]
-    for op in graph.backward_ops:
+        return [(op, False) for op in index.backward]
+    done: set[str] = set()
+    schedule: list[tuple[_Op, bool]] = []
+    for op in index.backward:
         for name in op.inputs:
             stack = [(rec_producer[name], False)] if name in rec_producer else []
             while stack:
                 node, expanded = stack.pop()
                 if expanded:
                     schedule.append((node, True))
-                elif node.name not in done:
-                    done.add(node.name)
+                elif node.label not in done:
+                    done.add(node.label)
                     stack.append((node, True))
                     stack.extend((rec_producer[i], False) for i in reversed(node.inputs) if i in rec_producer)
         schedule.append((op, False))
     return schedule
 
 
-def _backward_key(graph: JointGraph, tensor: str, op: OpNode, recompute: bool, keys: dict[str, str]) -> str:
-    """Storage key of a tensor written in the backward: fresh, or its aliased input's key."""
-    storage = graph.tensors[tensor].storage
-    if storage != tensor:
-        for name in op.inputs:
-            if graph.tensors[name].storage == storage and name in keys:
-                return keys[name]
-    return f"{tensor}@recompute" if recompute else tensor
-
-
-def _simulate_backward(graph: JointGraph, derivation: Derivation, live: _Live, events: list) -> None:
-    tensors = graph.tensors
-    schedule = _backward_schedule(graph, derivation.demanded_ops)
-    last: dict[str, int] = {}
+def _simulate_backward(index: _Index, graph: JointGraph, derivation: Derivation, live: _Live) -> None:
+    schedule = _backward_schedule(index, graph, derivation.demanded_ops)
+    n_tensors, storage, storage_bytes = index.n_tensors, index.storage, index.storage_bytes
+    last: dict[int, int] = {}
     for k, (op, _) in enumerate(schedule):
-        for name in op.inputs:
-            last[name] = k
-    keys = {name: tensors[name].storage for name in derivation.saved}
-    for name in {n for op in graph.backward_ops for n in op.inputs if tensors[n].kind == "cotangent"}:
-        keys[name] = tensors[name].storage
-        live.add(name, keys[name], tensors[keys[name]].storage_bytes, "backward")
-    events.append(live.event("backward start"))
-    for name in derivation.saved:
-        if name not in last:
-            live.remove(name)
+        for tensor in op.inputs:
+            last[tensor] = k
+    saved = [index.ids[name] for name in derivation.saved]
+    keys = {tensor: storage[tensor] for tensor in saved}
+    for tensor in index.cotangents:
+        keys[tensor] = storage[tensor]
+        live.add(tensor, keys[tensor], storage_bytes[keys[tensor]], _BACKWARD)
+    live.event("backward start")
+    for tensor in saved:
+        if tensor not in last:
+            live.remove(tensor)
     for k, (op, recompute) in enumerate(schedule):
-        for out in op.outputs:
-            if tensors[tensors[out].storage].kind == "input":
-                continue
-            keys[out] = _backward_key(graph, out, op, recompute, keys)
-            live.add(out, keys[out], tensors[tensors[out].storage].storage_bytes, "recomputed" if recompute else "backward")
-        _hold_inputs(op, live)
-        events.append(live.event(f"recompute:{op.name}" if recompute else op.name, op.workspace_bytes))
-        for name in dict.fromkeys((*op.inputs, *op.outputs)):
-            if last.get(name, k) == k and (name in last or recompute):
-                live.remove(name)
+        outputs = []
+        for out, nbytes, aliased in op.backward_outputs:
+            key = out + n_tensors if recompute else out
+            for name in aliased:
+                if name in keys:
+                    key = keys[name]
+                    break
+            keys[out] = key
+            outputs.append((out, key, nbytes, _RECOMPUTED if recompute else _BACKWARD))
+        live.run(op, outputs)
+        for tensor in op.touched:
+            if last.get(tensor, k) == k and (recompute or tensor in last):
+                live.remove(tensor)
 
 
 def _tag_targets_of(plan_or_tag_targets: RematPlan | Iterable[str]) -> tuple[str, ...]:
@@ -246,18 +327,18 @@ def simulate_step(graph: JointGraph, plan_or_tag_targets: RematPlan | Iterable[s
     granularity = allocation_granularity_bytes
     baseline = sum(round_up_bytes(t.storage_bytes, granularity) for t in graph.tensors.values()
                    if t.kind == "input" and t.storage == t.name)
-    live, events = _Live(baseline, granularity, by_kind), []
-    _simulate_forward(graph, set(derivation.saved), live, events)
-    _simulate_backward(graph, derivation, live, events)
-    values = [v for _, v, _ in events]
+    index, live = _index_of(graph), _Live(baseline, granularity, by_kind)
+    _simulate_forward(index, {index.ids[name] for name in derivation.saved}, live)
+    _simulate_backward(index, graph, derivation, live)
+    values = live.live_bytes
     peak = max(values, default=baseline)
     return PeakTimeline(
         baseline_bytes=baseline,
-        labels=tuple(label for label, _, _ in events),
+        labels=tuple(live.labels),
         live_bytes=tuple(values),
         peak_bytes=peak,
         peak_index=values.index(peak) if values else 0,
-        kind_bytes=tuple(kinds for _, _, kinds in events) if by_kind else (),
+        kind_bytes=tuple(live.kind_bytes),
     )
 
 
