@@ -313,28 +313,22 @@ def _regions(labels: tuple[str, ...], keys: _RegionKeys, n_layers: int) -> np.nd
     after the last layer's forward and before the last layer's backward (head, loss) region
     n_layers; a recomputation belongs to the op it precedes. The forward regions never fall, the
     backward ones never rise (a backward op's region: the highest layer whose forward tensors it reads)."""
-    regions = np.empty(len(labels), dtype=np.int64)
-    region, backward, pending = 0, False, []
-    for i, label in enumerate(labels):
-        if label.startswith("recompute:"):
-            pending.append(i)
-            continue
-        if label == "backward start":
-            backward, region = True, n_layers
-        elif backward:
-            read = keys.backward_layer[label]
-            if read is not None:
-                region = min(region, read)
-        else:
-            op_layer = None if label in keys.satellites else keys.layer_of.get(label)
-            if op_layer is not None:
-                region = max(region, op_layer)
-            elif region == n_layers - 1 and label in keys.head_ops:
-                region = n_layers
-        regions[[*pending, i]] = region
-        pending = []
-    regions[pending] = region
-    return regions
+    start = labels.index("backward start")
+    # forward: the highest block layer so far; a head op moves on to n_layers once the last layer is reached
+    forward = np.maximum.accumulate(np.array(
+        [0, *(-1 if label in keys.satellites else keys.layer_of.get(label, -1) for label in labels[:start])]))[1:]
+    head = np.fromiter((label in keys.head_ops for label in labels[:start]), dtype=bool, count=start)
+    forward = np.maximum.accumulate(np.where(head & (forward == n_layers - 1), n_layers, forward))
+    # backward: from n_layers, the least layer read so far; a recomputation takes its consumer's region
+    rest = labels[start + 1:]
+    rerun = np.fromiter((label.startswith("recompute:") for label in rest), dtype=bool, count=len(rest))
+    read = [n_layers if is_rerun else keys.backward_layer[label] for label, is_rerun in zip(rest, rerun)]
+    backward = np.minimum.accumulate(np.array([n_layers, *(n_layers if k is None else k for k in read)]))
+    consumers = np.flatnonzero(~rerun)
+    at = np.searchsorted(consumers, np.flatnonzero(rerun))
+    has_consumer = at < len(consumers)
+    backward[1:][np.flatnonzero(rerun)[has_consumer]] = backward[1:][consumers[at[has_consumer]]]
+    return np.concatenate((forward, backward)).astype(np.int64)
 
 
 def _profile(problem: RecomputeProblem, n_layers: int, keys: _RegionKeys,
