@@ -1,4 +1,4 @@
-"""Global min-cut (networkx): least saved bytes plus recompute time priced in bytes (Lagrangian).
+"""Global min-cut (a networkx graph, OR-Tools' max flow): least saved bytes plus recompute time priced in bytes (Lagrangian).
 
 The cut graph (node names from `cut_node`): ``source`` is what the forward computed, ``sink`` is
 what the backward reads; nodes on the sink side are recomputed.
@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass, replace
 
 import networkx as nx
-from networkx.algorithms.flow import boykov_kolmogorov
+import numpy as np
+from ortools.graph.python import max_flow
 
 from remat_opt.core.plan import RematPlan
 
@@ -150,11 +151,40 @@ def mincut_units(
     """
     g = graph if graph is not None else build_cut_graph(problem, weight_bytes_per_s, ties)
     set_weight(g, weight_bytes_per_s)
-    try:
-        _, (_, sink_side) = nx.minimum_cut(g, SOURCE, SINK, flow_func=boykov_kolmogorov)
-    except nx.NetworkXUnbounded as e:
-        raise ValueError(f"min-cut: an infinite path joins source and sink: {_infinite_path(g)}") from e
+    sink_side = _sink_side(g)
     return tuple(u for u in problem.allowed_units if cut_node(ties.of("unit", u)) in sink_side)
+
+
+def _sink_side(g: nx.DiGraph) -> set[str]:
+    """The sink side of the minimum cut whose sink side is least (the nodes that reach the sink in
+    the residual graph of a maximum flow: the same for every maximum flow, and the side
+    `networkx.minimum_cut` returns), by OR-Tools' max flow on int64 capacities.
+
+    Saving every tensor is a cut of at most ``total`` (the tensor edges' bytes), so an edge above
+    that is never cut by a minimum cut: capping the infinite edges and the recompute prices at
+    ``total + 1`` changes no minimum cut (and keeps every sum within int64).
+
+    Raises:
+        ValueError: an infinite path joins source and sink (no finite cut).
+    """
+    total = sum(d["capacity"] for _, _, d in g.edges(data=True) if "capacity" in d and "seconds" not in d)
+    cap = total + 1
+    index = {node: i for i, node in enumerate(g)}
+    tails, heads, capacities = [], [], []
+    for u, v, d in g.edges(data=True):
+        tails.append(index[u])
+        heads.append(index[v])
+        capacities.append(min(d.get("capacity", cap), cap))
+    flow = max_flow.SimpleMaxFlow()
+    flow.add_arcs_with_capacity(np.array(tails, dtype=np.int32), np.array(heads, dtype=np.int32),
+                                np.array(capacities, dtype=np.int64))
+    status = flow.solve(index[SOURCE], index[SINK])
+    if status != flow.OPTIMAL:
+        raise RuntimeError(f"min-cut: OR-Tools' max flow ended {status} on {len(index)} nodes")
+    if flow.optimal_flow() > total:
+        raise ValueError(f"min-cut: an infinite path joins source and sink: {_infinite_path(g)}")
+    nodes = list(index)
+    return {nodes[i] for i in flow.get_sink_side_min_cut()}
 
 
 def default_weight(problem: RecomputeProblem) -> float:
