@@ -122,13 +122,23 @@ class PeakModel:
         """``(const, {storage: (bytes, aliases)})`` at one event: the storage is alive then iff one
         of `aliases` is saved."""
         row = {}
-        for storage, lo in self.storage_lo.items():
-            if lo > event or any(first <= event <= last for first, last in self.covered.get(storage, ())):
+        names, lo, hi = self._row_candidates
+        for i in np.flatnonzero((lo <= event) & (hi >= event)):  # the storages a saved alias can keep alive then
+            storage = names[i]
+            if any(first <= event <= last for first, last in self.covered.get(storage, ())):
                 continue
             keeping = tuple(a for a in self.aliases[storage] if self.alias_hi[a] >= event)
             if keeping:
                 row[storage] = (self.nbytes[storage], keeping)
         return int(self.const[event]), row
+
+    @cached_property
+    def _row_candidates(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """The storages (in `storage_lo`'s order), their `storage_lo` and the last event an alias keeps each."""
+        names = list(self.storage_lo)
+        lo = np.array([self.storage_lo[s] for s in names], dtype=np.int64)
+        hi = np.array([max(self.alias_hi[a] for a in self.aliases[s]) for s in names], dtype=np.int64)
+        return names, lo, hi
 
     @cached_property
     def _storage_of_alias(self) -> dict[str, str]:
