@@ -199,8 +199,10 @@ class _Live:
                 self.refs[key] += 1
 
     def remove(self, tensor: int) -> None:
-        for key in self.held.pop(tensor, {}).values():
-            self._release(key)
+        held = self.held.pop(tensor, None) if self.held else None
+        if held:
+            for key in held.values():
+                self._release(key)
         key = self.key_of.pop(tensor, None)
         if key is not None:
             self._release(key)
@@ -214,11 +216,8 @@ class _Live:
             kinds[_WORKSPACE] += workspace_bytes
             self.kind_bytes.append(tuple(kinds))
 
-    def run(self, op: _Op, outputs: list[tuple[int, int, int, int]]) -> None:
-        """One op: its `outputs` ``(tensor, key, bytes, kind)`` allocated, its futures holding its
-        inputs, then its event."""
-        for tensor, key, nbytes, kind in outputs:
-            self.add(tensor, key, nbytes, kind)
+    def run(self, op: _Op) -> None:
+        """The event of `op` after its outputs: its futures hold its inputs first."""
         if op.holds_inputs:
             for out in op.outputs:
                 self.hold(out, op.inputs)
@@ -230,8 +229,9 @@ def _simulate_forward(index: _Index, saved: set[int], live: _Live) -> None:
     keep = saved | set(index.forward_outputs)
     saved_storages = {index.storage[t] for t in saved}
     for op in index.forward:
-        live.run(op, [(out, key, nbytes, _SAVED if key in saved_storages else _TRANSIENT)
-                      for out, key, nbytes in op.forward_outputs])
+        for out, key, nbytes in op.forward_outputs:
+            live.add(out, key, nbytes, _SAVED if key in saved_storages else _TRANSIENT)
+        live.run(op)
         for tensor in op.forward_dying:
             if tensor not in keep:
                 live.remove(tensor)
@@ -285,7 +285,6 @@ def _simulate_backward(index: _Index, graph: JointGraph, derivation: Derivation,
         if tensor not in last:
             live.remove(tensor)
     for k, (op, recompute) in enumerate(schedule):
-        outputs = []
         for out, nbytes, aliased in op.backward_outputs:
             key = out + n_tensors if recompute else out
             for name in aliased:
@@ -293,8 +292,8 @@ def _simulate_backward(index: _Index, graph: JointGraph, derivation: Derivation,
                     key = keys[name]
                     break
             keys[out] = key
-            outputs.append((out, key, nbytes, _RECOMPUTED if recompute else _BACKWARD))
-        live.run(op, outputs)
+            live.add(out, key, nbytes, _RECOMPUTED if recompute else _BACKWARD)
+        live.run(op)
         for tensor in op.touched:
             if last.get(tensor, k) == k and (recompute or tensor in last):
                 live.remove(tensor)
