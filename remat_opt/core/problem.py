@@ -247,8 +247,7 @@ class RecomputeProblem:
     def saved_bytes(self, units: Iterable[str]) -> int:
         """Distinct non-input storage bytes saved when `units` are tagged."""
         _, saved, _ = self.demand(units)
-        storages = {self.storage_of(t) for t in saved} - {None}
-        return sum(self.storage_bytes(s) for s in storages)
+        return self._storage_bytes_of(saved)
 
     def extra_time_s(self, units: Iterable[str]) -> float:
         """Seconds of the ops rerun in the backward when `units` are tagged."""
@@ -258,6 +257,19 @@ class RecomputeProblem:
     def effective_units(self, units: Iterable[str]) -> tuple[str, ...]:
         """A subset of `units` with the same rerun ops (each kept unit adds one), in forward order."""
         _, _, rerun = self.demand(units)
+        return self._kept_units(units, rerun)
+
+    def assess(self, units: Iterable[str]) -> tuple[tuple[str, ...], int, float]:
+        """``(effective_units, saved_bytes, extra_time_s)`` of `units`, from one demand walk."""
+        units = tuple(units)
+        _, saved, rerun = self.demand(units)
+        return self._kept_units(units, rerun), self._storage_bytes_of(saved), sum(float(self.op_time_s[op]) for op in rerun)
+
+    def _storage_bytes_of(self, tensors: Iterable[str]) -> int:
+        storages = {self.storage_of(t) for t in tensors} - {None}
+        return sum(self.storage_bytes(s) for s in storages)
+
+    def _kept_units(self, units: Iterable[str], rerun: list[str]) -> tuple[str, ...]:
         rerun_set, covered, kept = set(rerun), set(), set()
         # Ties broken by name: the same plan in every process (set order follows string hashes).
         for u in sorted(set(units), key=lambda u: (-len(rerun_set.intersection(self.units[u].ops)), u)):

@@ -53,7 +53,7 @@ class Evaluated:
 
 def evaluate_units(problem: RecomputeProblem, units, *, with_peak: bool = True) -> Evaluated:
     """`units` reduced to those that rerun something (`effective_units`), with their costs."""
-    units = problem.effective_units(units)
+    units, saved_bytes, time_s = problem.assess(units)
     targets = {t for u in units for t in problem.units[u].tag_targets}
     peak = simulate_step(problem.graph, targets, by_kind=False).peak_bytes if with_peak else 0
-    return Evaluated(units, problem.saved_bytes(units), peak, problem.extra_time_s(units))
+    return Evaluated(units, saved_bytes, peak, time_s)
