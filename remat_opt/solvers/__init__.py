@@ -5,10 +5,12 @@
 Every plan returned has passed the independent `remat_opt.core.checker.check_plan`. Pick a solver by
 name through `SOLVERS` (baselines included, so each solver has a reference).
 
-Modules: `baselines` (save-all, recompute-all, per-block checkpointing), `mincut` (networkx min-cut), `ilp_model` (the
+Modules: `baselines` (save-all, recompute-all, per-block checkpointing), `mincut` (min-cut: a networkx graph,
+OR-Tools' max flow), `ilp_model` (the
 CP-SAT model), `ilp_peak` (refining it against the simulated peak), `ilp_bounds` (least memory of
 any plan), `ilp` (`solve_ilp`), `peak_model` (linear lower bound on the peak), `schedule_rows`,
-`blocks` (ties between repeated layers), `layered` (decomposition over repeated layers), `time_bound`
+`blocks` (ties between repeated layers), `layered` (decomposition over repeated layers), `polish` (a local
+search checked by simulation, after `layered`), `time_bound`
 (proven lower bounds on recompute time: the certified gap), `pareto` (budget sweeps).
 """
 

@@ -30,9 +30,14 @@ never solve the whole graph at once.
    `cp_sat_max_units` units, CP-SAT's proven bound on the whole untied model with the peak model's
    rows, within `bound_time_limit_s`. CP-SAT's plans that fit the simulated peak are candidates too
    (the polisher). The plan's `gap` is certified against the bound.
+7. **Local search.** When the gap is above `gap_tolerance` and the graph is small enough
+   (`polish_work_events`), `solvers.polish` searches around the plan: it can recompute what the
+   chain keeps saved (units outside the layers, units crossing two of them) to pay for faster plans
+   inside them.
 
-Units outside the layers (embedding, head) and units crossing two layers stay saved, as in
-per-block checkpointing; the bound covers every plan, so the gap says what that costs.
+The chain keeps units outside the layers (embedding, head) and units crossing two layers saved, as
+per-block checkpointing does; only the local search recomputes them. The bound covers every plan,
+so the gap says what that costs.
 """
 
 from __future__ import annotations
