@@ -263,7 +263,8 @@ class RecomputeProblem:
         """``(effective_units, saved_bytes, extra_time_s)`` of `units`, from one demand walk."""
         units = tuple(units)
         _, saved, rerun = self.demand(units)
-        return self._kept_units(units, rerun), self._storage_bytes_of(saved), sum(float(self.op_time_s[op]) for op in rerun)
+        time_s = sum(float(self.op_time_s[op]) for op in rerun)
+        return self._kept_units(units, rerun), self._storage_bytes_of(saved), time_s
 
     def _storage_bytes_of(self, tensors: Iterable[str]) -> int:
         storages = {self.storage_of(t) for t in tensors} - {None}

@@ -13,8 +13,8 @@ baseline. What is recomputed and saved comes from `remat_opt.core.plan.derive`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from remat_opt.core.graph import JointGraph, OpNode
@@ -112,7 +112,8 @@ class _Index:
                       for i, op in enumerate(graph.forward_ops)}
         self.backward = [self._op(graph, op, op.name, []) for op in graph.backward_ops]
         self.forward_outputs = [ids[n] for n in graph.forward_output_names]
-        self.cotangents = sorted({ids[n] for op in graph.backward_ops for n in op.inputs if tensors[n].kind == "cotangent"})
+        self.cotangents = sorted({ids[n] for op in graph.backward_ops for n in op.inputs
+                                  if tensors[n].kind == "cotangent"})
         self.storage = [ids[t.storage] for t in tensors.values()]
         self.storage_bytes = [tensors[t.storage].storage_bytes for t in tensors.values()]
 

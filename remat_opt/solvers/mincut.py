@@ -1,4 +1,5 @@
-"""Global min-cut (a networkx graph, OR-Tools' max flow): least saved bytes plus recompute time priced in bytes (Lagrangian).
+"""Global min-cut (a networkx graph, OR-Tools' max flow): least saved bytes plus recompute time
+priced in bytes (Lagrangian).
 
 The cut graph (node names from `cut_node`): ``source`` is what the forward computed, ``sink`` is
 what the backward reads; nodes on the sink side are recomputed.
