@@ -4,7 +4,9 @@ by simulation, with a certified gap from a CP-SAT relaxation."""
 from __future__ import annotations
 
 import itertools
+import os
 import random
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,7 +19,8 @@ from remat_opt.planning.planner import AUTO_LAYERED_MIN_LAYERS, resolve_solver
 from remat_opt.solvers import SOLVERS, ILPOptions, LayeredOptions, solve_ilp, solve_layered
 from remat_opt.core.simulation import simulate_step
 from remat_opt.solvers.baselines import forward_layers
-from remat_opt.solvers.layered import Decomposition, LayerClass, _chain, _regions, decomposition_of, least_peak_units
+from remat_opt.solvers.layered import (Decomposition, LayerClass, _chain, _menus, _regions, decomposition_of,
+                                       least_peak_units)
 from remat_opt.solvers._common import Budgets
 from remat_opt.solvers.pareto import PEAK, sweep_budgets, sweep_points
 from remat_opt.solvers.polish import polish
@@ -51,6 +54,19 @@ def _budgets(problem, fractions):
     low, high = SOLVERS["per_block"](problem).peak_bytes, SOLVERS["save_all"](problem).peak_bytes
     assert low < high
     return [int(low + f * (high - low)) for f in fractions]
+
+
+def test_the_menus_of_several_classes_built_in_threads_are_those_built_one_by_one(problem, monkeypatch):
+    (layer_class,) = decomposition_of(problem, OPTIONS).classes
+    layers = layer_class.layers
+    halves = [replace(layer_class, layers=layers[:2], representative=layers[0], menu=()),
+              replace(layer_class, layers=layers[2:], representative=layers[3], menu=())]
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    threaded = _menus(problem, halves, OPTIONS, ())
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    one_by_one = _menus(problem, halves, OPTIONS, ())
+    assert [c.menu for c in threaded] == [c.menu for c in one_by_one] and all(len(c.menu) >= 3 for c in threaded)
+    assert [c.menu_time_s for c in threaded] == [c.menu_time_s for c in one_by_one]
 
 
 def test_menus_span_one_layer_from_saving_all_to_per_block(problem):
