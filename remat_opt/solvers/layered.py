@@ -97,7 +97,9 @@ class LayeredOptions:
         polish_work_events: the local search's work (`solvers.polish`) from the fastest plan found,
             when the bound leaves a gap above `gap_tolerance`, in simulated events; graphs where
             that does not pay for one round (a flip of every unit) are not searched (Llama-2-7b's
-            580 units: searched; Llama-3-8B's and 70B graphs under FSDP: not). 0: no search.
+            580 units: searched; Llama-3-8B's and 70B graphs under FSDP: not). 0: no search. Plans
+            requests (`CostRemat`, the CLI) give 200,000 per second of their time limit (2 million
+            at the default 10 s).
     """
 
     max_menu_entries: int = 40

@@ -41,3 +41,14 @@ def test_the_infeasible_budget_advice_works_when_followed(minimum_bytes):
     advised_gb = float(re.search(r"use budget_gb=([0-9.]+) or more", str(error)).group(1))
     advised_bytes = budget_bytes_of("budget_gb", advised_gb)
     assert minimum_bytes <= advised_bytes <= minimum_bytes * 1.001 + 1, (str(error), advised_bytes)
+
+
+def test_the_layered_solvers_local_search_scales_with_the_time_limit():
+    from remat_opt.planning.planner import solver_options
+    from remat_opt.solvers import LayeredOptions
+
+    default = solver_options(PlanRequest.create(), "layered")
+    assert default.polish_work_events == LayeredOptions().polish_work_events  # the 10 s default
+    assert default.bound_time_limit_s == 5.0
+    short = solver_options(PlanRequest.create(time_limit_s=1.0), "layered")
+    assert short.polish_work_events * 10 == default.polish_work_events
