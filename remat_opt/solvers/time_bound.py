@@ -13,7 +13,8 @@ simulated live bytes at every event, so every fitting plan meets its rows):
   writer's time); a Lagrangian multiplier prices the bytes, and every multiplier gives a bound. The
   largest over a sample of events is the bound.
 * `solvers.lp_bound.lp_time_bound`: every event at once, one covering LP (HiGHS) with what the rerun
-  ops read kept or rebuilt, transitively; `relaxation_bound` takes the larger of it and the knapsack.
+  ops read kept or rebuilt, transitively, then its rows as a MILP in the time left ("the MILP
+  bound"); `relaxation_bound` takes the larger of it and the knapsack.
 * `lower_bound`: CP-SAT on the whole untied model (`solvers.ilp_model`) with the peak model's rows,
   schedule rows (`solvers.schedule_rows`) and no-good cuts added where its answers break the
   simulation, within a time limit; its proven objective bound. Its plans that fit are candidates
@@ -62,8 +63,11 @@ def lower_bound(problem: RecomputeProblem, budgets: Budgets, *, time_limit_s: fl
     simulated peak), within `time_limit_s`: its proven bound, or `relaxation_bound` when larger, is
     a lower bound on every plan's time under `budgets` (None: the budgets are proven infeasible).
     CP-SAT is not run when `relaxation_bound` already puts `incumbent_s` (a fitting plan's time)
-    within `gap_tolerance` of the optimum, nor with `cp_sat` False (the relaxations alone)."""
-    relaxed_s, source = relaxation_bound(problem, budgets, time_limit_s=time_limit_s / 2)
+    within `gap_tolerance` of the optimum, nor with `cp_sat` False (the relaxations alone, which
+    then get the whole limit)."""
+    enough_s = None if incumbent_s is None else incumbent_s * (1 - gap_tolerance)
+    relaxed_s, source = relaxation_bound(problem, budgets, time_limit_s=time_limit_s / 2 if cp_sat else time_limit_s,
+                                         enough_s=enough_s)
     if relaxed_s is None:
         return TimeBound(None)
     close = incumbent_s is not None and incumbent_s - relaxed_s <= gap_tolerance * incumbent_s
@@ -122,19 +126,22 @@ def lower_bound(problem: RecomputeProblem, budgets: Budgets, *, time_limit_s: fl
     return TimeBound(max(0.0, best_bound), False, tuple(candidates), source)
 
 
-def relaxation_bound(problem: RecomputeProblem, budgets: Budgets, *, time_limit_s: float) -> tuple[float | None, str]:
+def relaxation_bound(problem: RecomputeProblem, budgets: Budgets, *, time_limit_s: float,
+                     enough_s: float | None = None) -> tuple[float | None, str]:
     """``(seconds, source)``: the larger of the knapsack bound and, under a peak budget, the LP bound
-    (`solvers.lp_bound`, within `time_limit_s`; left out without scipy); None: proven infeasible."""
+    (`solvers.lp_bound`, within `time_limit_s`, raised by its rows' MILP unless it already reaches
+    `enough_s`; left out without scipy); None: proven infeasible."""
     knapsack_s = knapsack_time_bound(problem, budgets)
     if knapsack_s is None or budgets.peak_bytes is None or time_limit_s <= 0:
         return knapsack_s, "the knapsack bound"
     try:
-        found = lp_time_bound(problem, budgets.peak_bytes, time_limit_s=time_limit_s)
+        found = lp_time_bound(problem, budgets.peak_bytes, time_limit_s=time_limit_s, enough_s=enough_s)
     except ImportError:  # scipy (HiGHS) is not installed: the knapsack bound alone
         return knapsack_s, "the knapsack bound"
     if found.time_s is None:
         return None, "the LP bound"
-    return (found.time_s, "the LP bound") if found.time_s > knapsack_s else (knapsack_s, "the knapsack bound")
+    source = "the MILP bound" if found.integral else "the LP bound"
+    return (found.time_s, source) if found.time_s > knapsack_s else (knapsack_s, "the knapsack bound")
 
 
 def _storage_costs_s(problem: RecomputeProblem) -> dict[str, float]:
