@@ -66,8 +66,8 @@ def lower_bound(problem: RecomputeProblem, budgets: Budgets, *, time_limit_s: fl
     within `gap_tolerance` of the optimum, nor with `cp_sat` False (the relaxations alone, which
     then get the whole limit)."""
     enough_s = None if incumbent_s is None else incumbent_s * (1 - gap_tolerance)
-    relaxed_s, source = relaxation_bound(problem, budgets, time_limit_s=time_limit_s / 2 if cp_sat else time_limit_s,
-                                         enough_s=enough_s)
+    relaxation_limit_s = time_limit_s / 2 if cp_sat else time_limit_s
+    relaxed_s, source = relaxation_bound(problem, budgets, time_limit_s=relaxation_limit_s, enough_s=enough_s)
     if relaxed_s is None:
         return TimeBound(None)
     close = incumbent_s is not None and incumbent_s - relaxed_s <= gap_tolerance * incumbent_s
