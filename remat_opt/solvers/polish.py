@@ -9,8 +9,8 @@ linearization of the step around P: exact for one flip, approximate for several 
 interact through rerun chains). Its answer is simulated. When it overshoots, its flips are tried
 one at a time (those that cost time first, each kept only while the plan fits), then flips that
 cost time and are no longer needed are undone; when that is not faster either, the rows the answer
-broke are lowered by its overshoot and the model is solved again. A faster plan that fits becomes P, and the search
-repeats from it.
+broke are lowered by its overshoot and the model is solved again. A faster plan that fits becomes
+P, and the search repeats from it.
 
 Found on Llama-2-7b at seq 4096 on an H100 (2026-12-08): at per-block checkpointing's step peak,
 the layer chain's plan recomputes 6.82 ms; three rounds of this search bring it to 5.25 ms, 3% above
@@ -19,7 +19,8 @@ norm) and 3 units outside the layers, which the chain keeps saved, and saves 8 l
 5 fusion outputs inside the layers instead.
 
 The work is counted in simulated events (`PolishOptions.work_events`) and CP-SAT's deterministic
-time, not in wall seconds: one graph and one plan give one answer on any machine.
+time, not in wall seconds: one graph and one plan give one answer on any machine. (Whether the
+layered solver runs it depends on its bound, whose LP, MILP and CP-SAT have wall-clock limits.)
 """
 
 from __future__ import annotations
