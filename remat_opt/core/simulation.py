@@ -17,6 +17,8 @@ import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from remat_opt.core.graph import JointGraph, OpNode
 from remat_opt.core.plan import Derivation, derive, RematPlan
 
@@ -45,6 +47,17 @@ class PeakTimeline:
     @property
     def peak_label(self) -> str:
         return self.labels[self.peak_index] if self.labels else ""
+
+    def op_events(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(op_event, is_rerun)`` per event: the index among the step's op events (forward ops,
+        ``"backward start"``, backward ops: the same in every plan) of the one it belongs to,
+        itself or, for a recomputation, the backward op it runs just before (the last op event for
+        reruns at the end)."""
+        is_rerun = np.fromiter((label.startswith("recompute:") for label in self.labels), dtype=bool,
+                               count=len(self.labels))
+        op_positions = np.flatnonzero(~is_rerun)
+        op_event = np.searchsorted(op_positions, np.arange(len(self.labels)))
+        return np.minimum(op_event, len(op_positions) - 1), is_rerun
 
 
 # What live bytes are, for timelines: parameters and inputs (alive throughout), tensors saved for

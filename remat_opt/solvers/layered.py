@@ -54,7 +54,7 @@ import numpy as np
 from remat_opt.core.layers import LayerError, op_signature_codes
 from remat_opt.core.plan import RematPlan, derive
 from remat_opt.core.problem import RecomputeProblem
-from remat_opt.core.simulation import simulate_step
+from remat_opt.core.simulation import PeakTimeline, simulate_step
 from remat_opt.solvers._clock import Clock
 from remat_opt.solvers._common import Budgets, Evaluated, InfeasibleBudgetError, checked, evaluate_units
 from remat_opt.solvers.baselines import forward_layers_and_satellites, inside_units_by_layer
@@ -335,27 +335,24 @@ class _RegionKeys:
         return cls(layer_of, head, backward, satellites)
 
 
-def _regions(labels: tuple[str, ...], keys: _RegionKeys, n_layers: int) -> np.ndarray:
+def _regions(timeline: PeakTimeline, keys: _RegionKeys, n_layers: int) -> np.ndarray:
     """The region of each simulated event: layer k's forward and backward are region k, what runs
     after the last layer's forward and before the last layer's backward (head, loss) region
-    n_layers; a recomputation belongs to the op it precedes. The forward regions never fall, the
-    backward ones never rise (a backward op's region: the highest layer whose forward tensors it reads)."""
+    n_layers; a recomputation belongs to the op it precedes (`PeakTimeline.op_events`). The forward
+    regions never fall, the backward ones never rise (a backward op's region: the highest layer
+    whose forward tensors it reads)."""
+    op_event, is_rerun = timeline.op_events()
+    labels = [label for label, rerun in zip(timeline.labels, is_rerun) if not rerun]
     start = labels.index("backward start")
     # forward: the highest block layer so far; a head op moves on to n_layers once the last layer is reached
     forward = np.maximum.accumulate(np.array(
         [0, *(-1 if label in keys.satellites else keys.layer_of.get(label, -1) for label in labels[:start])]))[1:]
     head = np.fromiter((label in keys.head_ops for label in labels[:start]), dtype=bool, count=start)
     forward = np.maximum.accumulate(np.where(head & (forward == n_layers - 1), n_layers, forward))
-    # backward: from n_layers, the least layer read so far; a recomputation takes its consumer's region
-    rest = labels[start + 1:]
-    rerun = np.fromiter((label.startswith("recompute:") for label in rest), dtype=bool, count=len(rest))
-    read = [n_layers if is_rerun else keys.backward_layer[label] for label, is_rerun in zip(rest, rerun)]
+    # backward: from n_layers, the least layer read so far
+    read = (keys.backward_layer[label] for label in labels[start + 1:])
     backward = np.minimum.accumulate(np.array([n_layers, *(n_layers if k is None else k for k in read)]))
-    consumers = np.flatnonzero(~rerun)
-    at = np.searchsorted(consumers, np.flatnonzero(rerun))
-    has_consumer = at < len(consumers)
-    backward[1:][np.flatnonzero(rerun)[has_consumer]] = backward[1:][consumers[at[has_consumer]]]
-    return np.concatenate((forward, backward)).astype(np.int64)
+    return np.concatenate((forward, backward)).astype(np.int64)[op_event]
 
 
 def _profile(problem: RecomputeProblem, n_layers: int, keys: _RegionKeys,
@@ -374,7 +371,7 @@ def _profile(problem: RecomputeProblem, n_layers: int, keys: _RegionKeys,
             outside += problem.storage_bytes(storage)
         else:
             saved[layer] += problem.storage_bytes(storage)
-    regions = _regions(timeline.labels, keys, n_layers)
+    regions = _regions(timeline, keys, n_layers)
     live = np.asarray(timeline.live_bytes, dtype=np.int64)
     prefix = np.concatenate(([0], np.cumsum(saved)))  # prefix[k]: saved by layers < k
     excess = np.full(n_layers + 1, np.iinfo(np.int64).min // 4, dtype=np.int64)
@@ -526,10 +523,10 @@ def _chain_plans(problem: RecomputeProblem, decomposition: Decomposition, budget
         choice = _chain(d, region_peak, budgets.activation_bytes, options.chain_buckets)
         if choice is None:
             break
-        units = problem.effective_units(d.units(choice))
+        units, saved_bytes, time_s = problem.assess(d.units(choice))
         layer_saved, layer_excess, _ = _profile(problem, d.n_layers, d.keys, units)
         live = np.concatenate(([0], np.cumsum(layer_saved)))[: d.n_layers + 1] + layer_excess  # per region
-        evaluated.append(Evaluated(units, problem.saved_bytes(units), int(live.max()), problem.extra_time_s(units)))
+        evaluated.append(Evaluated(units, saved_bytes, int(live.max()), time_s))
         over = live - budgets.peak_bytes
         if over.max() > 0:
             overshot_at = np.where(over > 0, region_peak, overshot_at)

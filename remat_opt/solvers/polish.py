@@ -88,11 +88,15 @@ class _Search:
 
     def step(self, units, simulate: bool = True) -> _Step:
         effective, saved_bytes, time_s = self.problem.assess(units)
-        live = None
-        if simulate and self.budgets.peak_bytes is not None:
-            live = _op_event_live_bytes(self.problem, effective)
+        step = _Step(frozenset(effective), time_s, saved_bytes, None)
+        return self.simulated(step) if simulate else step
+
+    def simulated(self, step: _Step) -> _Step:
+        """`step` with its live bytes (under a peak budget; simulated once)."""
+        if step.live_bytes is None and self.budgets.peak_bytes is not None:
+            step.live_bytes = _op_event_live_bytes(self.problem, step.units)
             self.events_used += self.events_per_step
-        return _Step(frozenset(effective), time_s, saved_bytes, live)
+        return step
 
 
 def _op_event_live_bytes(problem: RecomputeProblem, units) -> np.ndarray:
@@ -100,12 +104,9 @@ def _op_event_live_bytes(problem: RecomputeProblem, units) -> np.ndarray:
     op's the most of its own event and the reruns just before it: the same events in every plan."""
     targets = {t for u in units for t in problem.units[u].tag_targets}
     timeline = simulate_step(problem.graph, targets, by_kind=False)
-    rerun = np.fromiter((label.startswith("recompute:") for label in timeline.labels), dtype=bool,
-                        count=len(timeline.labels))
-    kept = np.flatnonzero(~rerun)
-    slot = np.minimum(np.searchsorted(kept, np.arange(len(rerun))), len(kept) - 1)  # a rerun joins the op after it
-    live = np.full(len(kept), np.iinfo(np.int64).min, dtype=np.int64)
-    np.maximum.at(live, slot, np.asarray(timeline.live_bytes, dtype=np.int64))
+    op_event, is_rerun = timeline.op_events()
+    live = np.full(int((~is_rerun).sum()), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(live, op_event, np.asarray(timeline.live_bytes, dtype=np.int64))
     return live
 
 
@@ -143,7 +144,7 @@ def _round(search: _Search, current: _Step) -> _Step | None:
         # a flip helps when it saves time or frees saved bytes (what a faster flip elsewhere needs)
         if step.time_s < current.time_s or step.saved_bytes < current.saved_bytes:
             flips.append(unit)
-            steps.append(search.step(step.units) if search.budgets.peak_bytes is not None else step)
+            steps.append(search.simulated(step))
     if not flips:
         return None
     lowered: dict[int, int] = {}  # event -> bytes its row is lowered by

@@ -272,7 +272,7 @@ def test_hoisted_all_gathers_do_not_move_the_forward_into_the_last_layers_region
     assert {layer_of[op.name] for op in graph.forward_ops[:5]} == set(range(5))  # the gathers come first
     decomposition = decomposition_of(problem, OPTIONS)
     timeline = simulate_step(graph, by_kind=False)
-    regions = _regions(timeline.labels, decomposition.keys, decomposition.n_layers)
+    regions = _regions(timeline, decomposition.keys, decomposition.n_layers)
     for op, region in zip(graph.forward_ops[5:], regions[5:]):
         if op.name in layer_of:
             assert region == layer_of[op.name], (op.name, region)
@@ -300,7 +300,7 @@ def test_only_an_overshooting_regions_budget_is_lowered_then_raised_back_while_p
 
     monkeypatch.setattr(layered, "_chain", chain)
     monkeypatch.setattr(layered, "_profile", profile)
-    problem = SimpleNamespace(effective_units=tuple, saved_bytes=lambda units: 0, extra_time_s=lambda units: 0.0)
+    problem = SimpleNamespace(assess=lambda units: (tuple(units), 0, 0.0))
     plans = layered._chain_plans(problem, d, Budgets(None, 120), LayeredOptions(max_rounds=4))
     assert budgets_seen == [[120, 120, 120, 120], [120, 90, 120, 120], [120, 105, 120, 120], [120, 112, 120, 120]]
     assert [p.peak_bytes for p in plans] == [150, 100, 100, 100]
